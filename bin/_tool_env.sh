@@ -1,0 +1,45 @@
+# shellcheck shell=bash
+# Sourced by every bin/* entry point: make sure the tool environment (.venv at the repo root) exists
+# and matches pyproject.toml, then leave its python in $TOOL_PYTHON.
+# A .venv without its ready-marker (a killed or failed build) is never reused: it is rebuilt.
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$repo_root/.venv"
+marker="$venv/.lingbot-ready"
+want=$(sha256sum "$repo_root/pyproject.toml" | cut -d" " -f1)
+
+tool_env_ready() { [ -x "$venv/bin/python" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; }
+
+if ! tool_env_ready; then
+  exec 9>"$repo_root/.venv.lock"
+  flock 9  # another bin/* may be building it right now: wait for that one
+  if ! tool_env_ready; then
+    base_python=${LINGBOT_BASE_PYTHON:-}
+    if [ -z "$base_python" ]; then
+      for candidate in python3.11 python3; do
+        if command -v "$candidate" >/dev/null 2>&1 &&
+           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+          base_python=$(command -v "$candidate"); break
+        fi
+      done
+    fi
+    if [ -z "$base_python" ]; then
+      echo "bin: the tool environment needs Python 3.11 (none found on PATH; set LINGBOT_BASE_PYTHON)" >&2
+      exit 2
+    fi
+    echo "bin: creating the tool environment $venv (first run; a few minutes) ..." >&2
+    rm -rf "$venv"
+    log="$repo_root/.venv.log"
+    if ! { "$base_python" -m venv "$venv" &&
+           "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo_root[test]"; } >"$log" 2>&1; then
+      grep -v 'is ignored: it is neither a file nor a directory' "$log" >&2 || true
+      echo "bin: creating $venv failed (log above, also in $log); it is rebuilt on the next run" >&2
+      exit 2
+    fi
+    printf '%s' "$want" >"$marker"
+    echo "bin: tool environment ready" >&2
+  fi
+  exec 9>&-
+fi
+# shellcheck disable=SC2034  # used by the script that sources this file
+TOOL_PYTHON="$venv/bin/python"

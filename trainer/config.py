@@ -1,0 +1,240 @@
+"""One config object for a run: dataclasses, loaded from trainer/configs/<name>.yaml, overridden by --set.
+
+A config file holds the cluster-scale experiment at the top level and, under `cpu_scale:`, the overrides
+used on a machine without a GPU (smaller model, fewer steps). Keys are dotted paths: `train.steps=40`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file or key and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 1024
+    depth: int = 16
+    heads: int = 16
+    mlp_ratio: float = 4.0
+    latent_channels: int = 16  # channels of the (VAE-style) video latents
+    latent_size: int = 28  # latents are latent_size x latent_size per frame
+    patch: int = 2  # latent patchify: tokens per frame = (latent_size / patch)^2
+    action_dim: int = 30  # padded action width, as in LingBot-VA
+    action_used: int = 8  # channels actually used (FurnitureBench: dx dy dz qx qy qz qw grip)
+    attn_block: int = 128  # FlexAttention block size; each token group is padded to a multiple
+    attention: str = "auto"  # auto | flex | sdpa  (auto: flex on GPU, sdpa on CPU)
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "furniture_train"
+    path: str = "data/furniture_train"  # relative paths are relative to the repo root
+    generate_if_missing: bool = True  # write deterministic FurnitureBench-format episodes if absent
+    generated_episodes: int = 32
+    generated_length: int = 120  # frames per generated episode (10 Hz)
+    task: str = "one_leg"
+    camera: str = "color_image2"  # color_image1 = wrist, color_image2 = front
+    frames: int = 8  # video frames per sample (clip length)
+    frames_per_chunk: int = 2  # frames per interleaved video/action chunk
+    chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
+    window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
+    window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step
+    encoder: str = "patch_mean"  # weights-free frame encoder; swappable
+    latent_cache: bool = True  # precompute latents once, on disk next to the episodes
+    noisy_history_prob: float = 0.0  # optional noisy-history augmentation
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 5000
+    grad_accum: int = 10
+    batch_size: int = 1  # per rank, per micro-step
+    lr: float = 1e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    grad_sync: str = "last"  # last: reduce-scatter on the last micro-step only | every
+    mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
+    log_every: int = 1
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 200
+    keep: int = 3
+    export_safetensors: bool = False  # consolidated weights for evaluation, next to each checkpoint
+    async_save: bool = False
+
+
+@dataclass
+class ProfileConfig:
+    enabled: bool = False  # torch.profiler window, traces per rank under RUN_DIR/profile/
+    wait: int = 1
+    warmup: int = 1
+    active: int = 2
+    start_step: int = 1
+
+
+@dataclass
+class LogConfig:
+    tensorboard: bool = True
+    wandb: bool = False  # offline mode only, and only when wandb is installed
+
+
+@dataclass
+class RunConfig:
+    name: str = "furniture_train"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        m, d, t = self.model, self.data, self.train
+        checks = [
+            (m.dim % m.heads == 0, "model.dim must be a multiple of model.heads"),
+            (m.latent_size % m.patch == 0, "model.latent_size must be a multiple of model.patch"),
+            (0 < m.action_used <= m.action_dim, "model.action_used must be in 1..model.action_dim"),
+            (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
+            (d.frames % d.frames_per_chunk == 0, "data.frames must be a multiple of data.frames_per_chunk"),
+            (all(d.frames % c == 0 for c in d.chunk_choices), "every data.chunk_choices entry must divide data.frames"),
+            (d.window >= 0, "data.window must be >= 0"),
+            (t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0, "train.steps, grad_accum, batch_size must be > 0"),
+            (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
+            (t.mixed_precision in ("auto", "bf16", "fp32"), "train.mixed_precision must be auto, bf16 or fp32"),
+            (self.checkpoint.every > 0 and self.checkpoint.keep > 0, "checkpoint.every and checkpoint.keep must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"config {self.name!r}: {message}")
+
+
+def _field_types(cls) -> dict[str, typing.Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value, annotation, key: str):
+    """Turn a YAML value or a --set string into the field's type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(annotation)
+    try:
+        if annotation is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+                return value.lower() in ("true", "1", "yes", "on")
+            raise ValueError
+        if annotation is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if annotation is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if annotation is str:
+            if not isinstance(value, str | int | float) or isinstance(value, bool):
+                raise ValueError
+            return str(value)
+        if origin is list or annotation is list:
+            (item,) = typing.get_args(annotation) or (str,)
+            if isinstance(value, str):
+                value = [v for v in value.strip("[]").split(",") if v.strip()]
+            if not isinstance(value, list):
+                raise ValueError
+            return [_coerce(v.strip() if isinstance(v, str) else v, item, key) for v in value]
+        if isinstance(annotation, types.UnionType):
+            raise ValueError
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    name = getattr(annotation, "__name__", str(annotation))
+    raise ConfigError(f"bad value {value!r} for {key}: expected {name}")
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict, source: str) -> None:
+    """Apply {dotted.key: value} to cfg in place; unknown keys and bad values raise ConfigError."""
+    for key, value in overrides.items():
+        parts = key.split(".")
+        target = cfg
+        for i, part in enumerate(parts):
+            hints = _field_types(type(target))
+            if part not in hints:
+                known = ", ".join(sorted(hints)) if i else ", ".join(sorted(h for h in hints))
+                raise ConfigError(f"{source}: unknown key {key!r} (known at this level: {known})")
+            if i == len(parts) - 1:
+                if dataclasses.is_dataclass(getattr(target, part)):
+                    raise ConfigError(f"{source}: {key!r} is a section; set one of its keys, e.g. {key}.<field>")
+                setattr(target, part, _coerce(value, hints[part], key))
+            else:
+                target = getattr(target, part)
+                if not dataclasses.is_dataclass(target):
+                    raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])!r} is not a section")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def parse_set(items: list[str]) -> dict:
+    """--set key=value strings to a dict; a malformed item raises ConfigError."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.steps=100")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def available_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def load_config(name: str, cpu_scale: bool, overrides: dict | None = None) -> RunConfig:
+    """Load trainer/configs/<name>.yaml; apply its cpu_scale block when asked, then the overrides."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown config {name!r}: no {path} (available: {', '.join(available_configs())})")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    cpu_block = tree.pop("cpu_scale", {}) or {}
+    cfg = RunConfig(name=name)
+    apply_overrides(cfg, _flatten(tree), str(path))
+    if cpu_scale:
+        apply_overrides(cfg, _flatten(cpu_block), f"{path} (cpu_scale)")
+    if overrides:
+        apply_overrides(cfg, overrides, "--set")
+    cfg.validate()
+    return cfg
