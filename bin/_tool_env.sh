@@ -31,7 +31,7 @@ if ! tool_env_ready; then
     rm -rf "$venv"
     log="$repo_root/.venv.log"
     if ! { "$base_python" -m venv "$venv" &&
-           "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo_root[test]"; } >"$log" 2>&1; then
+           "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "${repo_root}[test]"; } >"$log" 2>&1; then
       grep -v 'is ignored: it is neither a file nor a directory' "$log" >&2 || true
       echo "bin: creating $venv failed (log above, also in $log); it is rebuilt on the next run" >&2
       exit 2
