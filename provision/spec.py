@@ -1,0 +1,141 @@
+"""environment.yml (conda's format): the env's name, channels, conda and pip dependencies, variables.
+
+One env per file, as in conda. Two things beyond what `conda env create` reads:
+- pip entries that are local paths ("." or "./sub", relative to the file) are this project's own
+  packages: not locked (nothing to pin), installed by bin/provision from the checkout with --no-deps;
+- `variables:` values may reference ${NAME} (CONDA_PREFIX, HOME, USER, a variable above); they are
+  expanded at activation (see provision/envvars.py), not at provision time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from provision.envvars import EnvVar, EnvVarsError, validate
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "environment.yml"
+
+# Host triplet of conda-forge's cross-prefixed compilers per platform.
+_TRIPLETS = {
+    "linux-64": "x86_64-conda-linux-gnu",
+    "linux-aarch64": "aarch64-conda-linux-gnu",
+    "linux-ppc64le": "powerpc64le-conda-linux-gnu",
+}
+# Variables provision computes from the compilers in the spec; the spec may not set them itself.
+COMPUTED_VARIABLES = ("CC", "CXX", "CPATH")
+_LOCAL_PIP = re.compile(r"^(\.{1,2}(/.*)?|/.*|file:.*)$")
+_KNOWN_KEYS = {"name", "channels", "dependencies", "variables", "platforms", "prefix"}
+
+
+class SpecError(ValueError):
+    """An environment.yml that cannot be used; the message names the file (and line) and the fix."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    path: Path
+    name: str
+    channels: list[str]
+    conda: list[str]  # conda match specs, as written
+    pip: list[str]  # requirement strings locked against PyPI
+    pip_local: list[Path] = field(default_factory=list)  # project paths installed with --no-deps
+    variables: dict[str, str] = field(default_factory=dict)  # in file order
+    platforms: list[str] = field(default_factory=lambda: ["linux-64"])
+
+    def conda_names(self) -> set[str]:
+        return {re.split(r"[\s=<>!~\[]", s, maxsplit=1)[0] for s in self.conda}
+
+    def env_var_entries(self, platform: str = "linux-64") -> list[EnvVar]:
+        """The env's variables: compiler variables computed from the spec, then `variables:`."""
+        entries = []
+        names = self.conda_names()
+        triplet = _TRIPLETS.get(platform)
+        compilers = {"CC": ("gcc_linux-64", "cc"), "CXX": ("gxx_linux-64", "c++")}
+        for var, (package, tool) in compilers.items():
+            if package.replace("linux-64", platform) in names and triplet:
+                entries.append(EnvVar("set", var, f"${{CONDA_PREFIX}}/bin/{triplet}-{tool}"))
+        if entries:
+            # headers installed into the env (e.g. by pip wheels' include dirs) before the sysroot's
+            entries.append(EnvVar("prepend", "CPATH", "${CONDA_PREFIX}/include"))
+        entries += [EnvVar("set", k, v) for k, v in self.variables.items()]
+        try:
+            return validate(entries, f"{self.path}: variables")
+        except EnvVarsError as exc:
+            raise SpecError(str(exc)) from None
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> SpecError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return SpecError(f"{where}: malformed YAML: {problem}; fix the file (conda's environment.yml format)")
+
+
+def load_spec(path: Path | str = DEFAULT_SPEC) -> EnvSpec:
+    path = Path(path).absolute()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file; pass --file PATH to an environment.yml") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping with name/channels/dependencies at the top level")
+    unknown = set(data) - _KNOWN_KEYS
+    if unknown:
+        raise SpecError(f"{path}: unknown top-level keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise SpecError(f"{path}: `name:` must be an env name (letters, digits, . _ -), got {name!r}")
+    channels = data.get("channels") or []
+    if not channels or not all(isinstance(c, str) for c in channels):
+        raise SpecError(f"{path}: `channels:` must list at least one channel, e.g. [conda-forge]")
+
+    conda, pip, pip_local = [], [], []
+    for dep in data.get("dependencies") or []:
+        if isinstance(dep, str):
+            conda.append(dep.strip())
+        elif isinstance(dep, dict) and set(dep) == {"pip"} and isinstance(dep["pip"], list):
+            for req in dep["pip"]:
+                req = str(req).strip()
+                if _LOCAL_PIP.match(req):
+                    pip_local.append((path.parent / req.removeprefix("file:")).resolve())
+                else:
+                    pip.append(req)
+        else:
+            raise SpecError(f"{path}: dependency {dep!r} is neither a conda spec string nor a `pip:` list")
+    if not conda:
+        raise SpecError(f"{path}: `dependencies:` lists no conda packages")
+    if (pip or pip_local) and "pip" not in {re.split(r"[\s=<>]", c)[0] for c in conda}:
+        raise SpecError(f"{path}: a `pip:` section needs `pip` among the conda dependencies")
+
+    variables = data.get("variables") or {}
+    if not isinstance(variables, dict):
+        raise SpecError(f"{path}: `variables:` must be a mapping NAME: value")
+    variables = {str(k): str(v) for k, v in variables.items()}
+    clash = sorted(set(variables) & set(COMPUTED_VARIABLES))
+    if clash:
+        raise SpecError(
+            f"{path}: `variables:` sets {clash}, which bin/provision computes from the compiler packages "
+            f"(absolute paths into the env); remove them"
+        )
+    platforms = data.get("platforms") or ["linux-64"]
+    spec = EnvSpec(path, name, list(channels), conda, pip, pip_local, variables, list(platforms))
+    for platform in spec.platforms:
+        spec.env_var_entries(platform)  # validates the variables now, naming the file
+    return spec
+
+
+def check_env_name(spec: EnvSpec, name: str | None) -> None:
+    """Refuse an env name the spec does not declare (conda's format holds one env per file)."""
+    if name is not None and name != spec.name:
+        raise SpecError(
+            f"env {name!r} is not declared in {spec.path} (it declares {spec.name!r}); "
+            f"use `bin/provision {spec.name}` or pass --file with the spec that declares {name!r}"
+        )

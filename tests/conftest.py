@@ -1,0 +1,98 @@
+"""Shared fixtures: the compiler-less worker simulation and a local conda channel with a real toolchain.
+
+worker             session; a provision.worker_sim.WorkerSimulation. Strictness is asserted
+                   before every test that uses it; skips (never passes) where namespaces or
+                   overlays are not permitted.
+worker_env         function; a clean environment for a process inside the simulation (private
+                   TMPDIR and Inductor/Triton caches, OMP_NUM_THREADS=1, no CC/CXX/CPATH/LD_*).
+toolchain_channel  session; Path of an indexed local channel holding the toolchain stand-in
+                   (gcc_linux-64, gxx_linux-64, sysroot_linux-64, ...) and `lingbot-probe`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+# `tests.support` must import however pytest was started (`pytest`, `python -m pytest`, from any cwd).
+_REPO = str(Path(__file__).resolve().parents[1])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from provision.worker_sim import WorkerSimulation, available  # noqa: E402
+from tests.support.channel import PREFIX_PLACEHOLDER, index_channel, make_package  # noqa: E402
+from tests.support.toolchain import toolchain_packages  # noqa: E402
+
+TOOL_PYTHON = sys.executable  # the tool venv's python; its base (pyenv) lives outside /usr
+PROBE_PACKAGE = "lingbot-probe"
+PROBE_VERSION = "1.0"
+
+
+@pytest.fixture(scope="session")
+def worker() -> WorkerSimulation:
+    ok, reason = available()
+    if not ok:
+        pytest.skip(f"worker simulation unavailable: {reason}")
+    sim = WorkerSimulation()
+    sim.assert_strict()
+    return sim
+
+
+@pytest.fixture(autouse=True)
+def _worker_strict_before_each_use(request):
+    # A session fixture could be made lax by an earlier test (or a changed host): check every time.
+    if "worker" in request.fixturenames:
+        request.getfixturevalue("worker").assert_strict()
+
+
+@pytest.fixture
+def worker_env(tmp_path: Path) -> dict[str, str]:
+    """What a batch job on a worker starts with, plus private scratch dirs for this test.
+
+    Inductor keeps precompiled headers under $TMPDIR/torchinductor_<user> whatever
+    TORCHINDUCTOR_CACHE_DIR says, so TMPDIR is private too: nothing compiled on the host leaks in.
+    """
+    scratch = tmp_path / "worker-scratch"
+    (scratch / "tmp").mkdir(parents=True)
+    return {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(scratch / "tmp"),
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+@pytest.fixture(scope="session")
+def toolchain_channel(tmp_path_factory) -> Path:
+    channel = tmp_path_factory.mktemp("toolchain-channel")
+    (channel / "linux-64").mkdir()
+    for pkg in toolchain_packages():
+        _link_or_copy(pkg, channel / "linux-64" / pkg.name)
+    make_package(
+        channel / "noarch",
+        PROBE_PACKAGE,
+        PROBE_VERSION,
+        {
+            "share/lingbot-probe/probe.txt": b"lingbot-probe installed\n",
+            "bin/lingbot-probe": f"#!/bin/sh\necho 'lingbot-probe in {PREFIX_PLACEHOLDER}'\n".encode(),
+        },
+        noarch="generic",
+        has_prefix_text=["bin/lingbot-probe"],
+    )
+    index_channel(channel)
+    return channel
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)

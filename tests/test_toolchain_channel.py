@@ -1,0 +1,145 @@
+"""The toolchain stand-in, installed by py-rattler from a local channel, builds code on a worker.
+
+This is the claim the project makes for conda-forge's gcc_linux-64/gxx_linux-64: an env that
+carries its own compiler lets Triton and TorchInductor compile where the machine has none.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.channel import solve_and_install
+
+PYTHON = sys.executable
+TARGET = "x86_64-conda-linux-gnu"
+
+C_EXTENSION = textwrap.dedent("""
+    #include <Python.h>
+    #include <math.h>
+    #include <stdio.h>
+    static PyObject *hypot2(PyObject *self, PyObject *args) {
+        double a, b;
+        if (!PyArg_ParseTuple(args, "dd", &a, &b)) return NULL;
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.1f", sqrt(a * a + b * b));
+        return PyUnicode_FromString(buf);
+    }
+    static PyMethodDef methods[] = {{"hypot2", hypot2, METH_VARARGS, NULL}, {NULL, NULL, 0, NULL}};
+    static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "lingbot_cext", NULL, -1, methods};
+    PyMODINIT_FUNC PyInit_lingbot_cext(void) { return PyModule_Create(&mod); }
+""")
+
+TRITON_BUILD = textwrap.dedent(f"""
+    import os
+    from triton.runtime.build import compile_module_from_src
+    mod = compile_module_from_src({C_EXTENSION!r}, "lingbot_cext", libraries=["m"])
+    print(mod.hypot2(3.0, 4.0), os.path.realpath(mod.__file__))
+""")
+
+# Row-wise reductions over a 2-D tensor: with 2 threads Inductor's C++ backend wraps the outer loop
+# in `#pragma omp parallel`, so the build needs -fopenmp, libgomp and the C++ headers.
+INDUCTOR_OPENMP = textwrap.dedent("""
+    import glob, json, os
+    import torch
+    torch.set_num_threads(2)
+    def f(x, y):
+        return (torch.sin(x) * y).sum(dim=1) + torch.cos(y).amax(dim=1)
+    x, y = torch.randn(128, 512), torch.randn(128, 512)
+    got = torch.compile(f)(x, y)
+    sources = glob.glob(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "**", "*.cpp"), recursive=True)
+    print(json.dumps({
+        "max_err": (got - f(x, y)).abs().max().item(),
+        "openmp": any("#pragma omp" in open(p).read() for p in sources),
+        "kernels": len(sources),
+    }))
+""")
+
+
+@pytest.fixture(scope="module")
+def toolchain_prefixes(toolchain_channel, tmp_path_factory) -> list[Path]:
+    """The stand-in installed into two unrelated prefixes (relocation), as provisioning would."""
+    root = tmp_path_factory.mktemp("toolchain-envs")
+    prefixes = [root / "a" / "env", root / "b" / "much" / "deeper" / "env"]
+    records = solve_and_install(
+        toolchain_channel,
+        ["gcc_linux-64", "gxx_linux-64", "lingbot-probe"],
+        prefixes,
+        cache_dir=root / "cache",
+    )
+    assert {r.name.normalized for r in records} >= {
+        "gcc_linux-64", "gxx_linux-64", "gcc_impl_linux-64", "gxx_impl_linux-64",
+        "binutils_impl_linux-64", "binutils_linux-64", "sysroot_linux-64", "lingbot-probe",
+    }  # fmt: skip
+    return prefixes
+
+
+def compiler_env(worker_env: dict[str, str], prefix: Path) -> dict[str, str]:
+    # No LD_LIBRARY_PATH: the built modules' libgomp.so.1 is satisfied by the copy torch already
+    # loaded from torch/lib (same SONAME), as on a real worker.
+    return dict(worker_env, CC=f"{prefix}/bin/{TARGET}-cc", CXX=f"{prefix}/bin/{TARGET}-c++")
+
+
+def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
+    for prefix in toolchain_prefixes:
+        for cmd in ("cc", "c++", "gcc", "g++", "cpp", "ld", "as", "ar"):
+            assert (prefix / "bin" / f"{TARGET}-{cmd}").is_file(), f"{prefix}: no bin/{TARGET}-{cmd}"
+        assert (prefix / TARGET / "sysroot/usr/include/stdio.h").is_file()
+        assert (prefix / "share/lingbot-probe/probe.txt").read_text() == "lingbot-probe installed\n"
+        probe = subprocess.run([prefix / "bin/lingbot-probe"], capture_output=True, text=True, check=True)
+        assert probe.stdout.strip() == f"lingbot-probe in {prefix}"
+        meta = json.loads(next((prefix / "conda-meta").glob("gcc_linux-64-*.json")).read_text())
+        assert meta["name"] == "gcc_linux-64"
+    # The wrappers name no install location: each copy works where it was installed.
+    for wrapper in (toolchain_prefixes[0] / "bin").glob(f"{TARGET}-*"):
+        assert str(toolchain_prefixes[0]) not in wrapper.read_text()
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("which", [0, 1], ids=["prefix-a", "prefix-b"])
+def test_c_extension_builds_and_imports_inside_worker(worker, worker_env, toolchain_prefixes, which):
+    prefix = toolchain_prefixes[which]
+    env = compiler_env(worker_env, prefix)
+    result = worker.run([PYTHON, "-c", TRITON_BUILD], env=env, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    answer, module_path = result.stdout.split()
+    assert answer == "5.0"
+    assert module_path.startswith(env["TRITON_CACHE_DIR"])
+
+
+@pytest.mark.worker
+def test_c_and_cxx_direct_invocation_inside_worker(worker, worker_env, toolchain_prefixes, tmp_path):
+    prefix = toolchain_prefixes[1]
+    env = compiler_env(worker_env, prefix)
+    (tmp_path / "hello.cpp").write_text(
+        "#include <iostream>\n#include <vector>\nint main() { std::vector<int> v{1, 2, 3};\n"
+        '  std::cout << "sum " << v[0] + v[1] + v[2] << std::endl; return 0; }\n'
+    )
+    (tmp_path / "omp.c").write_text(
+        "#include <omp.h>\n#include <stdio.h>\nint main(void) { int n = 0;\n"
+        "#pragma omp parallel reduction(+:n) num_threads(2)\n  n += 1;\n"
+        '  printf("threads %d\\n", n); return 0; }\n'
+    )
+    script = (
+        f'"$CXX" -O1 hello.cpp -o hello && ./hello && "$CC" -fopenmp omp.c -o omp && '
+        f"LD_LIBRARY_PATH={prefix}/{TARGET}/sysroot/usr/lib/x86_64-linux-gnu ./omp"
+    )
+    result = worker.run(["sh", "-c", script], env=env, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:2] == ["sum 6", "threads 2"]
+
+
+@pytest.mark.worker
+@pytest.mark.slow
+def test_torch_compile_openmp_inside_worker(worker, worker_env, toolchain_prefixes):
+    env = compiler_env(worker_env, toolchain_prefixes[0])
+    result = worker.run([PYTHON, "-c", INDUCTOR_OPENMP], env=env, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["openmp"], f"Inductor emitted no OpenMP code: {report}"
+    assert report["max_err"] < 1e-4, report

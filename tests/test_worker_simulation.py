@@ -1,0 +1,148 @@
+"""The worker simulation is strict: what a compiler-less worker lacks is missing inside, and only inside.
+
+Every probe also runs on the host, where it must find the toolchain: a simulation that hid nothing
+would fail these tests instead of passing them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.worker
+
+PYTHON = sys.executable  # the tool venv's python (base: pyenv, outside /usr)
+
+PROBE = textwrap.dedent("""
+    import ctypes, glob, json, os, shutil
+    libdirs = ["/usr/lib", "/usr/lib64", *glob.glob("/usr/lib/*-linux-gnu")]
+    def lib(name):
+        return any(os.path.exists(os.path.join(d, name)) for d in libdirs)
+    def loads(name):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            return False
+    print(json.dumps({
+        "commands": {c: shutil.which(c) for c in ["gcc", "cc", "g++", "c++", "ld", "as", "cpp", "nvcc"]},
+        "files": {f: lib(f) for f in ["crt1.o", "Scrt1.o", "libc.so", "libc_nonshared.a", "libgomp.so.1"]},
+        "headers": {h: os.path.exists(h) for h in ["/usr/include/stdio.h", "/usr/lib/gcc"]},
+        "runtime": {r: loads(r) for r in ["libc.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libm.so.6"]},
+    }))
+""")
+
+C_MODULE = textwrap.dedent("""
+    #include <Python.h>
+    static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+    static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+    static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "lingbot_probe_ext", NULL, -1, methods};
+    PyMODINIT_FUNC PyInit_lingbot_probe_ext(void) { return PyModule_Create(&mod); }
+""")
+
+TRITON_BUILD = textwrap.dedent(f"""
+    from triton.runtime.build import compile_module_from_src
+    try:
+        mod = compile_module_from_src({C_MODULE!r}, "lingbot_probe_ext")
+    except Exception as exc:
+        print(f"{{type(exc).__name__}}: {{exc}}")
+        raise SystemExit(3)
+    print("built", mod.answer())
+""")
+
+INDUCTOR_CPU = textwrap.dedent("""
+    import torch
+    def f(x):
+        return torch.sin(x).sum() + 1
+    try:
+        torch.compile(f)(torch.randn(64))
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(3)
+    print("compiled")
+""")
+
+
+def _probe(run) -> dict:
+    result = run([PYTHON, "-c", PROBE])
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_toolchain_present_outside_absent_inside(worker, worker_env):
+    host = _probe(lambda argv: subprocess.run(argv, env=worker_env, capture_output=True, text=True))
+    sim = _probe(lambda argv: worker.run(argv, env=worker_env, timeout=60))
+
+    for cmd in ["gcc", "cc", "g++", "c++", "ld", "as"]:
+        assert host["commands"][cmd], f"host has no {cmd}: this test needs a machine with a toolchain"
+        assert sim["commands"][cmd] is None, f"{cmd} visible inside the simulation: {sim['commands'][cmd]}"
+    assert sim["commands"]["nvcc"] is None
+    for f in ["crt1.o", "Scrt1.o", "libc.so", "libc_nonshared.a"]:
+        assert host["files"][f], f"host lacks {f}"
+        assert not sim["files"][f], f"{f} visible inside the simulation"
+    assert not sim["files"]["libgomp.so.1"], "the system libgomp.so.1 is visible (ubuntu:22.04 has none)"
+    for h in ["/usr/include/stdio.h", "/usr/lib/gcc"]:
+        assert host["headers"][h] and not sim["headers"][h]
+    assert all(sim["runtime"].values()), f"runtime libraries a worker has are missing: {sim['runtime']}"
+
+
+def test_system_compiler_cannot_be_run_inside(worker, worker_env, tmp_path):
+    src = tmp_path / "hello.c"
+    src.write_text("int main(void) { return 0; }\n")
+    outside = subprocess.run(["cc", str(src), "-o", str(tmp_path / "a.out")], capture_output=True, text=True)
+    assert outside.returncode == 0, outside.stderr
+    for argv in (
+        ["cc", str(src)],
+        ["/usr/bin/gcc", str(src)],
+        ["/usr/bin/x86_64-linux-gnu-gcc-12", str(src)],
+    ):
+        inside = worker.run(argv, env=worker_env, cwd=tmp_path, timeout=30)
+        assert inside.returncode == 127, (argv, inside)
+        assert "not found" in inside.stderr
+
+
+def test_triton_build_fails_like_a_worker(worker, worker_env, tmp_path):
+    # On the host the same code builds (with its own cache dir, so nothing is reused inside).
+    host_env = dict(worker_env, TRITON_CACHE_DIR=str(tmp_path / "host-triton"))
+    host = subprocess.run(
+        [PYTHON, "-c", TRITON_BUILD], env=host_env, capture_output=True, text=True, timeout=120
+    )
+    assert host.returncode == 0 and "built 42" in host.stdout, host.stdout + host.stderr
+
+    inside = worker.run([PYTHON, "-c", TRITON_BUILD], env=worker_env, timeout=120)
+    assert inside.returncode == 3, inside.stdout + inside.stderr
+    assert "RuntimeError: Failed to find C compiler" in inside.stdout
+
+
+@pytest.mark.slow
+def test_inductor_cpu_compile_fails_like_a_worker(worker, worker_env):
+    inside = worker.run([PYTHON, "-c", INDUCTOR_CPU], env=worker_env, timeout=300)
+    assert inside.returncode == 3, inside.stdout + inside.stderr
+    assert "InvalidCxxCompiler" in inside.stdout
+    assert "No working C++ compiler found" in inside.stdout
+
+
+def test_exit_status_output_and_timeout_semantics(worker, worker_env):
+    result = worker.run(["sh", "-c", "echo out; echo err >&2; exit 7"], env=worker_env, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        worker.run(["false"], env=worker_env, check=True)
+    # A timeout kills the whole tree, including a grandchild that left the process group.
+    marker = "lingbot-worker-sim-timeout-probe"
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.run(
+            ["sh", "-c", f"setsid sh -c 'sleep 300; : {marker}' & sleep 300"], env=worker_env, timeout=2
+        )
+    leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", f"processes survived the timeout: {leftover.stdout}"
+
+
+def test_command_wraps_argv_for_other_runners(worker, worker_env):
+    # bin/envcheck --simulate-worker starts the wrapped argv itself.
+    argv = worker.command([PYTHON, "-c", "import shutil; print(shutil.which('gcc'))"])
+    result = subprocess.run(argv, env=worker_env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout.strip()) == (0, "None")

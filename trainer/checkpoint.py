@@ -1,0 +1,272 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): complete and recognisable as such, or ignored.
+
+Layout under RUN_DIR/checkpoints/:
+
+    checkpoint_step_N/              a complete checkpoint
+        .metadata, __*_*.distcp     DCP: model + optimizer state (sharded, one file per rank), LR schedule
+        rng_rank<R>.pt              rank R's RNG states (torch CPU and CUDA, numpy, python)
+        train_state.json            step (= data position: batches are a pure function of the step),
+                                    world size, the run config
+        model.safetensors           optional consolidated weights for evaluation
+        COMPLETE                    JSON {step, files: {name: size}}, written last
+    checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
+
+A save writes everything into the .tmp directory, all ranks meet at a barrier, then rank 0 writes
+COMPLETE into it and renames it into place (atomic on POSIX). So kill -9 at any moment leaves the
+previous complete checkpoint as the latest one. Deleting an old checkpoint removes COMPLETE first, so a
+half-deleted directory is never taken for a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+MARKER = "COMPLETE"
+TRAIN_STATE = "train_state.json"
+SAFETENSORS = "model.safetensors"
+_FINAL = re.compile(r"^checkpoint_step_(\d+)$")
+_PARTIAL = re.compile(r"^checkpoint_step_(\d+)\.tmp-")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed from; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+
+    def train_state(self) -> dict:
+        return json.loads((self.path / TRAIN_STATE).read_text())
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"checkpoint_step_{step}"
+
+
+def _is_complete(path: Path, step: int) -> bool:
+    """COMPLETE exists, names this step, and every file it lists is there with its recorded size."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        if marker.get("step") != step:
+            return False
+        return all((path / name).stat().st_size == size for name, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
+    """Complete checkpoints under `root`, oldest first, and (when there are none) why: for the log."""
+    root = Path(root)
+    if not root.is_dir():
+        return [], f"no checkpoint directory {root}"
+    complete, partial = [], []
+    for entry in root.iterdir():
+        final = _FINAL.match(entry.name)
+        if final and entry.is_dir() and _is_complete(entry, int(final.group(1))):
+            complete.append(CheckpointInfo(int(final.group(1)), entry))
+        elif final or _PARTIAL.match(entry.name):
+            partial.append(entry.name)
+    complete.sort(key=lambda c: c.step)
+    if complete:
+        return complete, ""
+    if partial:
+        return [], f"only partial checkpoints in {root} (no {MARKER} marker): {', '.join(sorted(partial))}"
+    return [], f"checkpoint directory {root} is empty"
+
+
+def latest_complete(root: Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint; None (fresh start) for an absent dir, an empty one, or only partial ones."""
+    complete, _ = scan(root)
+    return complete[-1] if complete else None
+
+
+class TrainState(Stateful):
+    """What DCP saves and loads collectively: model, optimizer (both sharded), LR schedule."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+
+    def state_dict(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "lr_schedule": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        self.scheduler.load_state_dict(state["lr_schedule"])
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint directory so that no moment of the deletion looks complete."""
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Checkpointer:
+    """Collective save/load of one run's checkpoints; every rank calls save() and load() together."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep: int,
+        rank: int,
+        world_size: int,
+        attempt: str,
+        export_safetensors: bool = False,
+    ):
+        self.root = Path(root)
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.attempt = attempt
+        self.export_safetensors = export_safetensors
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        *,
+        train_state: dict,
+        before_commit: Callable[[], None] | None = None,
+    ) -> CheckpointInfo:
+        final = checkpoint_dir(self.root, step)
+        tmp = final.with_name(f"{final.name}.tmp-{self.attempt}")
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        dist.barrier()
+
+        dcp.save({"train": TrainState(model, optimizer, scheduler)}, checkpoint_id=tmp)
+        torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+        if self.export_safetensors:
+            self._export_safetensors(model, tmp / SAFETENSORS)
+        if self.rank == 0:
+            state = {**train_state, "step": step, "world_size": self.world_size}
+            (tmp / TRAIN_STATE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        if before_commit is not None:
+            before_commit()
+        dist.barrier()  # every rank's files are written
+
+        if self.rank == 0:
+            self._commit(tmp, final, step)
+            self._prune(keep_step=step)
+        dist.barrier()  # nobody goes on (or exits) before the checkpoint is in place
+        return CheckpointInfo(step, final)
+
+    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        with open(tmp / MARKER, "w") as f:
+            json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # a leftover under the final name (not ours): move it aside, then replace
+            aside = final.with_name(f"{final.name}.old-{self.attempt}")
+            os.replace(final, aside)
+            _remove(aside)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+
+    def _prune(self, keep_step: int) -> None:
+        """Keep the newest `keep` complete checkpoints; drop stale partial ones from dead attempts."""
+        complete, _ = scan(self.root)
+        for old in complete[: max(0, len(complete) - self.keep)]:
+            if old.step != keep_step:
+                _remove(old.path)
+        for entry in self.root.iterdir():
+            if not _FINAL.match(entry.name) and entry.is_dir():
+                _remove(entry)
+
+    def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(model, options=options)  # collective: every rank takes part
+        if self.rank == 0:
+            save_file({k: v.contiguous() for k, v in full.items()}, str(path))
+
+    def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler) -> dict:
+        """Restore model, optimizer, LR schedule and this rank's RNG; returns the train state."""
+        state = info.train_state()
+        if state.get("world_size") != self.world_size:
+            raise CheckpointError(
+                f"{info.path} was written by {state.get('world_size')} ranks, this run has {self.world_size}: "
+                f"the data shards and RNG streams differ per rank, so resume with the same number of ranks "
+                f"(or start a new run with --run-dir)"
+            )
+        dcp.load({"train": TrainState(model, optimizer, scheduler)}, checkpoint_id=info.path)
+        set_rng_state(torch.load(info.path / f"rng_rank{self.rank}.pt", weights_only=False))
+        return state
+
+
+# Settings a resumed run must share with its checkpoint: they change the model's shapes, the data, or
+# the per-rank streams. Everything else (steps, LR, checkpoint cadence, logging) may change on resume.
+_FIXED_SECTIONS = ("model", "data")
+_FIXED_KEYS = ("train.seed", "train.batch_size", "train.grad_accum")
+_FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache")
+
+
+def resume_conflicts(train_state: dict, cfg, world_size: int) -> list[str]:
+    """Why this run may not resume from a checkpoint with `train_state`; empty when it may."""
+    saved, now = train_state.get("config") or {}, cfg.to_dict()
+    problems = []
+    if train_state.get("world_size") != world_size:
+        problems.append(f"it was written by {train_state.get('world_size')} ranks, this run has {world_size}")
+    keys = [f"{s}.{k}" for s in _FIXED_SECTIONS for k in now[s] if not (s == "data" and k in _FREE_DATA_KEYS)]
+    for key in [*keys, *_FIXED_KEYS]:
+        section, name = key.split(".")
+        old, new = saved.get(section, {}).get(name), now[section][name]
+        if old != new:
+            problems.append(f"{key} was {old!r}, is now {new!r}")
+    if problems:
+        problems.append("resume with the checkpoint's settings, or start a new run with --run-dir")
+    return problems

@@ -1,0 +1,130 @@
+"""Per-step metrics: one log line per step, a progress line with ETA, TensorBoard events, metrics.jsonl.
+
+Only rank 0 logs. Sinks:
+    stdout and RUN_DIR/train.log   human-readable lines
+    RUN_DIR/metrics.jsonl          one JSON object per step (floats round-trip exactly: tests compare them)
+    RUN_DIR/tensorboard/           torch.utils.tensorboard events; a resumed run purges the steps after
+                                   its checkpoint, so a preempted attempt's extra steps do not double up
+    wandb (offline mode only)      when log.wandb is set and wandb is installed; never contacts a hub
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.config import RunConfig
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(max(0.0, seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def memory_gib(device: torch.device) -> float:
+    """Peak device memory on GPU; peak resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Metrics:
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, rank: int, start_step: int, attempt: str):
+        self.enabled = rank == 0
+        self.total = cfg.train.steps
+        self.start_step = start_step
+        self.started = time.perf_counter()
+        self.progress_every = max(1, self.total // 20)
+        self.log_every = max(1, cfg.train.log_every)
+        self.tensorboard = None
+        self.wandb = None
+        if not self.enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.text = open(run_dir / "train.log", "a", buffering=1)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        if cfg.log.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:  # tensorboard is in the env's spec; say so if someone removed it
+                self.info(f"log.tensorboard is set but tensorboard cannot be imported ({exc}): no events")
+            else:
+                # purge_step drops events an earlier attempt wrote past the checkpoint we resumed from.
+                self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+        if cfg.log.wandb:
+            self.wandb = self._wandb(cfg, run_dir, attempt)
+
+    def _wandb(self, cfg: RunConfig, run_dir: Path, attempt: str):
+        try:
+            import wandb
+        except ImportError:
+            self.info("log.wandb is set but wandb is not installed in this env: logging to TensorBoard only")
+            return None
+        os.environ["WANDB_MODE"] = "offline"  # no hub access, ever; `wandb sync` later if wanted
+        return wandb.init(
+            mode="offline",
+            dir=str(run_dir),
+            project="lingbot",
+            name=f"{cfg.name}-{attempt}",
+            config=cfg.to_dict(),
+        )
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        line = f"[train] {message}"
+        print(line, flush=True)
+        self.text.write(line + "\n")
+
+    def log_step(self, step: int, values: dict[str, float], timing: dict[str, float]) -> None:
+        """values: latent_loss, action_loss, loss, grad_norm, lr, s_per_it, tokens_per_s, memory_gib, ..."""
+        if not self.enabled:
+            return
+        record = {"step": step, **values, "timing": timing}
+        self.jsonl.write(json.dumps(record) + "\n")
+        if self.tensorboard is not None:
+            for key, value in values.items():
+                self.tensorboard.add_scalar(f"train/{key}", value, step)
+            for key, value in timing.items():
+                if key.endswith("_share"):
+                    self.tensorboard.add_scalar(f"timing/{key}", value, step)
+        if self.wandb is not None:
+            self.wandb.log({**values, **{f"timing/{k}": v for k, v in timing.items()}}, step=step)
+        if step % self.log_every == 0 or step == self.total:
+            self.info(
+                f"step {step}/{self.total} | latent_loss {values['latent_loss']:.4f} | "
+                f"action_loss {values['action_loss']:.4f} | grad_norm {values['grad_norm']:.3f} | "
+                f"lr {values['lr']:.2e} | {values['s_per_it']:.2f} s/it | {values['tokens_per_s']:.0f} tok/s | "
+                f"mem {values['memory_gib']:.2f} GiB | compute {timing.get('compute_share', 0.0):.2f}"
+            )
+        if step % self.progress_every == 0 or step == self.total:
+            self.progress(step)
+
+    def progress(self, step: int) -> None:
+        done = step - self.start_step
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        eta_text = format_duration(eta) if done > 0 else "?"
+        self.info(
+            f"progress {step}/{self.total} ({100.0 * step / self.total:.0f}%) | "
+            f"elapsed {format_duration(elapsed)} | eta {eta_text}"
+        )
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self.text.close()
+        self.jsonl.close()
+        sys.stdout.flush()

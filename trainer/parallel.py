@@ -1,0 +1,63 @@
+"""FSDP2 for the world model: fully_shard per block and the root, mixed precision, activation checkpointing.
+
+    model = shard_model(WorldModel(cfg), cfg, device)   # needs torch.distributed initialised (torchrun)
+    set_grad_sync(model, micro == grad_accum - 1)       # grad_sync=last: reduce-scatter on the last micro-step
+    norm = clip_grad_norm(model, cfg.train.grad_clip)
+
+Mixed precision (train.mixed_precision): auto = bf16 params / fp32 gradient reduction on CUDA, fp32 on
+CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way.
+Activation checkpointing wraps each block (non-reentrant) before sharding, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+
+def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
+    choice = cfg.train.mixed_precision
+    bf16 = choice == "bf16" or (choice == "auto" and torch.device(device).type == "cuda")
+    if bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
+    """Shard `model` in place across the default process group; returns it (now an FSDPModule)."""
+    if not dist.is_initialized():
+        raise RuntimeError("shard_model: torch.distributed is not initialised; run under torchrun (bin/train)")
+    device = torch.device(device)
+    if cfg.model.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = mixed_precision_policy(cfg, device)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    return model
+
+
+def set_grad_sync(model: nn.Module, enabled: bool) -> None:
+    """Reduce-scatter gradients in this backward (True) or accumulate them unsharded locally (False)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Global gradient norm across all shards (clipped in place); returns the norm before clipping."""
+    grads = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(grads, max_norm)
+    if hasattr(norm, "full_tensor"):  # DTensor under FSDP2: reduce the partial norms
+        norm = norm.full_tensor()
+    return float(norm)
