@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import PeakMemory, Table, TrainingRig, bench_config, init_distributed, median, torchrun  # noqa: E402
 
-VARIANTS = ("every", "last")
+# name: (grad sync, keep params unsharded across micro-steps)
+VARIANTS = {"sync-every": ("every", False), "sync-last": ("last", False), "sync-last + keep-unsharded": ("last", True)}
 
 
 def _worker(out_dir: Path, pairs: int) -> None:
@@ -37,18 +38,19 @@ def _worker(out_dir: Path, pairs: int) -> None:
 
     records = []
     for pair in range(pairs + 1):  # pair 0 warms up (allocator, first-call overheads) and is dropped
-        order = VARIANTS if pair % 2 == 0 else VARIANTS[::-1]  # ABBA: linear drift cancels
+        names = list(VARIANTS)
+        order = names if pair % 2 == 0 else names[::-1]  # ABC CBA: a linear drift hits all alike
         for sync in order:
             dist.barrier()
             with PeakMemory(device) as mem:
-                record = optimizer_step(pair, sync)
+                record = optimizer_step(pair, *VARIANTS[sync])
             if pair > 0:
                 records.append({"pair": pair, "sync": sync, "peak_bytes": mem.peak, "calls": breakdown.comm_calls, **record})
 
     # Each collective alone, after a barrier: the transfer cost, without waiting for a slower peer.
     isolated = {}
     for kind in ("grad_comm", "param_comm"):
-        numel = sum(p.to_local().numel() for p in model.parameters()) * world
+        numel = -(-sum(p.numel() for p in model.parameters()) // world) * world  # padded like FSDP's
         buf_in = torch.zeros(numel if kind == "grad_comm" else numel // world, device=device)
         buf_out = torch.zeros(numel // world if kind == "grad_comm" else numel, device=device)
         times = []
@@ -56,9 +58,9 @@ def _worker(out_dir: Path, pairs: int) -> None:
             dist.barrier()
             t0 = time.perf_counter()
             if kind == "grad_comm":
-                dist.reduce_scatter_tensor(buf_out, buf_in)
+                dist.reduce_scatter_single(buf_out, buf_in)
             else:
-                dist.all_gather_into_tensor(buf_out, buf_in)
+                dist.all_gather_single(buf_out, buf_in)
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
@@ -74,65 +76,72 @@ PHASE_COLUMNS = ("data", "h2d", "forward", "backward", "grad_comm", "param_comm"
 
 
 def run(quick: bool = False) -> list[Table]:
-    pairs = 3 if quick else 8
+    rounds = 2 if quick else 6
     with tempfile.TemporaryDirectory(prefix="bench_grad_accum_") as tmp:
-        ranks = torchrun(Path(__file__), 2, ["--pairs", str(pairs)], Path(tmp), timeout=900)
+        ranks = torchrun(Path(__file__), 2, ["--pairs", str(rounds)], Path(tmp), timeout=1200)
     info = ranks[0]["info"]
+    cpu = "cuda" not in info["device"]
     by_variant = {v: [r for rank in ranks for r in rank["records"] if r["sync"] == v] for v in VARIANTS}
+    round_ids = sorted({r["pair"] for r in ranks[0]["records"]})
 
-    def step_time(variant, pair):
-        # A step ends when its slowest rank ends; ranks differ only by waiting, so take the max.
-        return max(r["step_s"] for rank in ranks for r in rank["records"] if r["sync"] == variant and r["pair"] == pair)
+    def step_time(variant, round_id):
+        # A step ends when its slowest rank ends (the faster one waits for it inside a collective).
+        return max(r["step_s"] for rank in ranks for r in rank["records"] if r["sync"] == variant and r["pair"] == round_id)
 
-    pair_ids = sorted({r["pair"] for r in ranks[0]["records"]})
-    step = {v: [step_time(v, p) for p in pair_ids] for v in VARIANTS}
+    step = {v: [step_time(v, i) for i in round_ids] for v in VARIANTS}
     rows = []
     for v in VARIANTS:
         recs = by_variant[v]
-        peak = max(r["peak_bytes"] for r in recs) / 2**20
-        grad_calls = median(r["calls"]["grad_comm"] for r in recs)
         rows.append(
-            [f"sync-{v}", median(step[v]), min(step[v]), max(step[v]), median(r["compute_share"] for r in recs)]
+            [v, median(step[v]), min(step[v]), max(step[v]), median(r["compute_share"] for r in recs)]
             + [median(r[f"{p}_share"] for r in recs) for p in PHASE_COLUMNS]
-            + [int(grad_calls), round(peak, 1)]
+            + [int(median(r["calls"]["grad_comm"] for r in recs)), int(median(r["calls"]["param_comm"] for r in recs)),
+               round(max(r["peak_bytes"] for r in recs) / 2**20, 1)]  # fmt: skip
         )
-    ratios = [last / every for last, every in zip(step["last"], step["every"], strict=True)]
-    ratio_of_medians = median(step["last"]) / median(step["every"])
-    winner = "sync-last" if ratio_of_medians < 1 else "sync-every"
+
+    def compare(a: str, b: str) -> str:
+        per_round = [x / y for x, y in zip(step[a], step[b], strict=True)]
+        r = median(step[a]) / median(step[b])
+        return (f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
+                f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)")  # fmt: skip
+
+    winner = min(("sync-every", "sync-last"), key=lambda v: median(step[v]))
     table = Table(
         title=f"Gradient accumulation: 2 ranks ({info['device']}), grad_accum {info['grad_accum']}, "
         f"{info['params'] / 1e6:.2f} M params, {info['tokens_per_micro_batch']} tokens/micro-batch",
         columns=["variant", "median step s", "min s", "max s", "compute share"]
         + [f"{p} share" for p in PHASE_COLUMNS]
-        + ["reduce-scatters/step", "peak MiB/rank"],
+        + ["reduce-scatters/step", "all-gathers/step", "peak MiB/rank"],
         rows=rows,
-        ratio=f"sync-last / sync-every step time = {ratio_of_medians:.3f} (ratio of medians; median per-pair "
-        f"ratio {median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} interleaved pairs): "
-        f"{winner} wins",
+        ratio=compare("sync-last", "sync-every") + f": {winner} wins",
         notes=[
-            f"model: {info['model']}; config furniture_train ({'cluster' if 'cuda' in info['device'] else 'cpu_scale'}).",
-            "Shares are medians over both ranks and all interleaved steps; step time per pair is the slower rank's.",
-            "peak MiB: " + ("torch.cuda.max_memory_allocated" if "cuda" in info["device"] else "process RSS sampled every 2 ms (includes the Python/torch baseline)"),
+            compare("sync-last + keep-unsharded", "sync-last") + ".",
+            f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); variants alternate "
+            "step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
+            "keep-unsharded: FSDP2 set_reshard_after_forward(False) and set_reshard_after_backward only on the "
+            "last micro-step, so parameters are all-gathered once per step instead of twice per micro-step.",
+            "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
+            "peak MiB: " + ("process RSS sampled every 2 ms (includes the ~0.6 GiB Python/torch baseline)" if cpu
+                            else "torch.cuda.max_memory_allocated"),  # fmt: skip
         ],
     )
     iso = ranks[0]["isolated"]
-    rec_last = by_variant["last"]
+    rec_last = by_variant["sync-last"]
+    groups = median(r["calls"]["grad_comm"] for r in rec_last)  # one reduce-scatter per FSDP group per sync
     comm_rows = []
     for kind, name in (("grad_comm", "reduce-scatter (grads)"), ("param_comm", "all-gather (params)")):
         calls = median(r["calls"][kind] for r in rec_last)
         measured = median(r[f"{kind}_s"] for r in rec_last)
-        # Isolated: one collective over all parameters; FSDP issues one per group, same total bytes.
-        per_step_bytes_time = iso[kind]["seconds"] * (calls / max(1, median(r["calls"]["grad_comm"] for r in rec_last)))
-        comm_rows.append([name, int(calls), measured, iso[kind]["seconds"], per_step_bytes_time,
-                          max(0.0, measured - per_step_bytes_time)])  # fmt: skip
+        transfer = iso[kind]["seconds"] * calls / groups  # full-model passes this step makes
+        comm_rows.append([name, int(calls), measured, iso[kind]["seconds"], transfer, max(0.0, measured - transfer)])
     comm = Table(
         title="Communication in a sync-last step: transfer vs waiting for the other rank",
         columns=["collective", "calls/step", "measured s/step", "one full-model collective alone s",
-                 "transfer estimate s/step", "rest = waiting/launch s/step"],  # fmt: skip
+                 "transfer estimate s/step", "rest = waiting + per-call overhead s/step"],  # fmt: skip
         rows=comm_rows,
         notes=["'alone' = one collective over all parameters after a barrier (median of 10); the transfer "
-               "estimate scales it by how many full-model passes the step makes (all-gathers: forward + "
-               "backward per micro-step; reduce-scatters: once per step with sync-last)."],  # fmt: skip
+               "estimate multiplies it by the full-model passes of the step (calls / FSDP groups). What is "
+               "left is time a rank sat in the collective waiting for the other rank to arrive."],  # fmt: skip
     )
     return [table, comm]
 
@@ -140,7 +149,7 @@ def run(quick: bool = False) -> list[Table]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", help=argparse.SUPPRESS)  # set when torchrun runs a rank
-    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.out_dir:

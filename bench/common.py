@@ -174,14 +174,23 @@ class TrainingRig:
         self.breakdown = StepBreakdown(device)
         install_comm_timing(self.model, self.breakdown)
 
-    def step(self, step: int, sync: str | None = None) -> dict:
-        """One optimizer step of grad_accum micro-batches; returns its StepBreakdown record."""
+    def step(self, step: int, sync: str | None = None, keep_unsharded: bool = False) -> dict:
+        """One optimizer step of grad_accum micro-batches; returns its StepBreakdown record.
+
+        keep_unsharded: parameters stay all-gathered from the first forward to the last backward
+        (FSDP2 set_reshard_after_forward(False) + set_reshard_after_backward on the last micro-step
+        only): one all-gather pass per step instead of two per micro-step, for unsharded-param memory.
+        """
         import torch
 
         sync = sync or self.cfg.train.grad_sync
         accum, b = self.cfg.train.grad_accum, self.breakdown
+        if keep_unsharded:
+            self.model.set_reshard_after_forward(False)
         b.start_step()
         for micro in range(accum):
+            if keep_unsharded:
+                self.model.set_reshard_after_backward(micro == accum - 1)
             self.set_grad_sync(self.model, sync == "every" or micro == accum - 1)
             with b.phase("data"):
                 batch = self.stream.micro_batch(step, micro)
@@ -196,4 +205,8 @@ class TrainingRig:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
-        return b.end_step()
+        record = b.end_step()
+        if keep_unsharded:  # back to shard_model's settings: blocks reshard after forward, the root not
+            for module in self.model.blocks:
+                module.set_reshard_after_forward(True)
+        return record

@@ -27,13 +27,19 @@ if ! tool_env_ready; then
       echo "bin: the tool environment needs Python 3.11 (none found on PATH; set LINGBOT_BASE_PYTHON)" >&2
       exit 2
     fi
-    echo "bin: creating the tool environment $venv (first run; a few minutes) ..." >&2
-    rm -rf "$venv"
     log="$repo_root/.venv.log"
-    if ! { "$base_python" -m venv "$venv" &&
-           "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "${repo_root}[test]"; } >"$log" 2>&1; then
+    if [ -f "$marker" ] && [ -x "$venv/bin/python" ]; then
+      # A complete env built from an older pyproject.toml: update it in place (processes may be using it).
+      echo "bin: pyproject.toml changed; updating the tool environment $venv ..." >&2
+      rm -f "$marker"
+    else
+      echo "bin: creating the tool environment $venv (first run; a few minutes) ..." >&2
+      rm -rf "$venv"
+      "$base_python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; exit 2; }
+    fi
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "${repo_root}[test]" >>"$log" 2>&1; then
       grep -v 'is ignored: it is neither a file nor a directory' "$log" >&2 || true
-      echo "bin: creating $venv failed (log above, also in $log); it is rebuilt on the next run" >&2
+      echo "bin: setting up $venv failed (log above, also in $log); it is rebuilt on the next run" >&2
       exit 2
     fi
     printf '%s' "$want" >"$marker"

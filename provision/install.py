@@ -230,7 +230,10 @@ def pip_entries(p: Plan) -> list:
     """The lock's pip packages for the platform (read with conda-lock's own parser)."""
     from conda_lock.lockfile import parse_conda_lock_file
 
-    lock = parse_conda_lock_file(p.lock_path)
+    try:
+        lock = parse_conda_lock_file(p.lock_path)
+    except Exception as exc:  # pydantic's ValidationError and friends: the file is not a valid lock
+        raise LockError(f"{p.lock_path}: conda-lock cannot parse it ({exc}); relock with --relock") from None
     return sorted((d for d in lock.package if d.manager == "pip" and d.platform == p.platform),
                   key=lambda d: d.name)
 

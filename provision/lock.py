@@ -346,7 +346,7 @@ def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors
         platforms=list(spec.platforms),
         sources=[source],
         time_metadata=TimeMeta.create(),
-        inputs_metadata={source: InputMeta(md5=None, sha256=spec_sha256(spec.path))},
+        inputs_metadata={source: InputMeta.create({MetadataOption.InputMd5, MetadataOption.InputSha}, spec.path)},
         custom_metadata={_CUSTOM_VPKGS: json.dumps(vpkgs.as_dict(), sort_keys=True),
                          "lingbot_locked_by": "bin/provision --relock (provision/lock.py)"},
     )
@@ -355,7 +355,8 @@ def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors
     with tempfile.TemporaryDirectory(prefix=f".{lock_path.name}.", dir=lock_path.parent) as tmp:
         staged = Path(tmp, lock_path.name)
         write_conda_lock_file(Lockfile(package=packages, metadata=meta), staged,
-                              metadata_choices={MetadataOption.TimeStamp, MetadataOption.InputSha})
+                              metadata_choices={MetadataOption.TimeStamp, MetadataOption.InputMd5,
+                                                MetadataOption.InputSha})
         os.replace(staged, lock_path)
     summary["content_hash"] = hashes
     return summary

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,14 +28,26 @@ import json, os, shutil, sys, time, traceback
 def emit(**result):
     print("ENVCHECK_RESULT=" + json.dumps(result), flush=True)
 
-def error_text(exc):
-    # The exception as a user sees it, with its causes (Dynamo wraps Inductor's errors).
-    parts, seen = [], set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        parts.append(f"{type(exc).__name__}: {exc}".strip())
+def chain(exc):
+    seen = []
+    while exc is not None and all(exc is not e for e in seen):
+        seen.append(exc)
         exc = exc.__cause__ or exc.__context__
-    return "\n".join(parts)
+    return seen
+
+def error_text(exc):
+    # The exception as a user sees it, one line per link of its cause chain (Dynamo wraps Inductor's
+    # errors); error_detail() has the full text.
+    lines = []
+    for link in chain(exc):
+        first = (str(link).strip().splitlines() or [""])[0]
+        line = f"{type(link).__name__}: {first}".rstrip(": ")
+        if line not in lines:
+            lines.append(line)
+    return "\n".join(lines)
+
+def error_detail(exc):
+    return "\n".join(f"{type(link).__name__}: {link}" for link in chain(exc))[:20000]
 
 def located(command, path):
     # A compiler command as the job resolves it: absolute path, symlinks followed.
@@ -56,11 +67,11 @@ args = json.loads(sys.argv[1])
 try:
     from triton.runtime import build
 except Exception as exc:
-    emit(ok=False, stage="import", error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="import", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 try:
     cc = build._find_compiler("c")
 except Exception as exc:  # the real "Failed to find C compiler" when CC is unset and PATH has none
-    emit(ok=False, stage="find", error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="find", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 real = located(cc, os.environ.get("PATH", ""))
 if args["require_under"] and outside(real, args["require_under"]):
     emit(ok=False, stage="locate", compiler=cc, compiler_path=real); sys.exit(0)
@@ -81,7 +92,7 @@ try:
     mod = build.compile_module_from_src(src, "envcheck_triton_probe")
     value = mod.add(2, 40)
 except Exception as exc:
-    emit(ok=False, stage="compile", compiler=cc, compiler_path=real, error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="compile", compiler=cc, compiler_path=real, error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 emit(ok=value == 42, stage="done", compiler=cc, compiler_path=real, value=value,
      module=mod.__file__, compile_s=time.perf_counter() - start)
 """
@@ -99,7 +110,7 @@ try:
     from torch._inductor import cpp_builder
     from torch._inductor.utils import run_and_get_cpp_code
 except Exception as exc:
-    emit(ok=False, stage="import", error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="import", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 inductor_config.compile_threads = 1  # no compile-worker pool to start: this is a probe, not a job
 if args["fast"]:
     inductor_config.cpp.vec_isa_ok = False  # skips the at::vec headers: ~2x faster to compile
@@ -121,7 +132,7 @@ start = time.perf_counter()
 try:
     out, code = run_and_get_cpp_code(torch.compile(fn, backend="inductor", fullgraph=True), x, y)
 except Exception as exc:
-    emit(ok=False, stage="compile", compiler=cxx, compiler_path=real, error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="compile", compiler=cxx, compiler_path=real, error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 seconds = time.perf_counter() - start
 error = (out - fn(x, y)).abs().max().item()
 omp = "#pragma omp parallel" in code
@@ -146,7 +157,7 @@ try:
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 except Exception as exc:
-    emit(ok=False, stage="import", error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="import", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 inductor_config.compile_threads = 1
 torch.set_num_threads(2)
 gpu = args["gpu"] and torch.cuda.is_available()
@@ -165,6 +176,19 @@ def lingbot_mask(b, h, q, kv):
     noisy_noisy = qn & kn & (kb == qb)     # own chunk only
     return (clean_clean | noisy_clean | noisy_noisy) & (qb - kb <= window)
 
+compiler, real = None, None
+try:  # the compiler this compile will use: Inductor's C++ on CPU, Triton's C (driver build) on a GPU
+    if gpu:
+        from triton.runtime import build
+        compiler = build._find_compiler("c")
+    else:
+        from torch._inductor import cpp_builder
+        compiler = cpp_builder.get_cpp_compiler()
+    real = located(compiler, os.environ.get("PATH", ""))
+except Exception:
+    pass  # torch.compile below raises the real error the way a job sees it
+if compiler is not None and args["require_under"] and outside(real, args["require_under"]):
+    emit(ok=False, stage="locate", compiler=compiler, compiler_path=real); sys.exit(0)
 L = 2 * half
 block_mask = create_block_mask(lingbot_mask, None, None, L, L, device=device)
 dense = create_mask(lingbot_mask, None, None, L, L, device=device)
@@ -179,11 +203,12 @@ try:
     if gpu:
         out.float().square().sum().backward()
 except Exception as exc:
-    emit(ok=False, stage="compile", device=device, error=error_text(exc)); sys.exit(0)
+    emit(ok=False, stage="compile", device=device, compiler=compiler, compiler_path=real,
+         error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 seconds = time.perf_counter() - start
 q32, k32, v32 = (t.detach().float().requires_grad_(gpu) for t in (q, k, v))
 ref = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=dense)
-result = {"device": device, "tokens": L, "masked_share": 1 - dense.float().mean().item(),
+result = {"device": device, "tokens": L, "compiler": compiler, "compiler_path": real, "masked_share": 1 - dense.float().mean().item(),
           "forward_max_abs_error": (out.float() - ref).abs().max().item(), "compile_s": seconds}
 tolerance = 2e-2 if gpu else 1e-4
 ok = result["forward_max_abs_error"] < tolerance

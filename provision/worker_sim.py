@@ -137,6 +137,12 @@ class WorkerSimulation:
         self.mounts: list[tuple[str, Path]] = [
             (entry["target"], self.layer_dir / entry["layer"]) for entry in manifest["layers"]
         ]
+        for target, layer in self.mounts:
+            if any(c in f"{target}{layer}" for c in ",:\n"):  # would break the overlay's option string
+                raise RuntimeError(
+                    f"worker simulation: path {layer} or {target} contains ',' or ':'; "
+                    "set LINGBOT_FIXTURES_CACHE (or cache_dir=) to a plain path"
+                )
         self.hidden_packages: list[str] = manifest["packages"]
         self.hidden_count: int = manifest["hidden_count"]
         self._mount = shutil.which("mount") or "/usr/bin/mount"
@@ -288,7 +294,7 @@ def _installed_packages() -> list[str]:
     return sorted(line.split("\t")[0] for line in out.splitlines() if line.endswith("\tinstalled"))
 
 
-def toolchain_packages(installed: Sequence[str]) -> list[str]:
+def packages_workers_lack(installed: Sequence[str]) -> list[str]:
     """The installed packages a worker does not have, chosen by name from dpkg's list."""
 
     def matches(name: str, patterns: Sequence[str]) -> bool:
@@ -325,7 +331,7 @@ def _usr_relative(path: str) -> str | None:
 def _plan_layers() -> dict:
     """What to hide: {"packages": [...], "dpkg_lists_sha256": str, "targets": {dir: {"dirs": [...], "files": [...]}}}."""
     installed = _installed_packages()
-    packages = toolchain_packages(installed)
+    packages = packages_workers_lack(installed)
     listing = _dpkg_listing(packages)
     # A file that a kept package also ships (Multi-Arch: same docs, shared symlinks) stays visible.
     kept_files = {

@@ -6,7 +6,9 @@ carries its own compiler lets Triton and TorchInductor compile where the machine
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.channel import solve_and_install
+from tests.support.channel import PREFIX_PLACEHOLDER, make_package, solve_and_install
 
 PYTHON = sys.executable
 TARGET = "x86_64-conda-linux-gnu"
+# torch's wheel ships libgomp.so.1 here; ubuntu:22.04 workers have no system copy.
+TORCH_LIB = Path(importlib.util.find_spec("torch").submodule_search_locations[0]) / "lib"
 
 C_EXTENSION = textwrap.dedent("""
     #include <Python.h>
@@ -42,14 +46,14 @@ TRITON_BUILD = textwrap.dedent(f"""
     print(mod.hypot2(3.0, 4.0), os.path.realpath(mod.__file__))
 """)
 
-# Row-wise reductions over a 2-D tensor: with 2 threads Inductor's C++ backend wraps the outer loop
+# A fused row-wise reduction over a 2-D tensor (one kernel): with 2 threads Inductor's C++ backend wraps the outer loop
 # in `#pragma omp parallel`, so the build needs -fopenmp, libgomp and the C++ headers.
 INDUCTOR_OPENMP = textwrap.dedent("""
     import glob, json, os
     import torch
     torch.set_num_threads(2)
     def f(x, y):
-        return (torch.sin(x) * y).sum(dim=1) + torch.cos(y).amax(dim=1)
+        return (torch.sin(x) * y).sum(dim=1)
     x, y = torch.randn(128, 512), torch.randn(128, 512)
     got = torch.compile(f)(x, y)
     sources = glob.glob(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "**", "*.cpp"), recursive=True)
@@ -100,6 +104,43 @@ def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
         assert str(toolchain_prefixes[0]) not in wrapper.read_text()
 
 
+def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixes):
+    prefix = toolchain_prefixes[1]
+    script = (
+        'CC=/old/cc; export CC; for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do . "$f"; done; '
+        'echo "$CC"; echo "$CXX"; "$CXX" --version | head -n1; '
+        'for f in "$CONDA_PREFIX"/etc/conda/deactivate.d/*.sh; do . "$f"; done; echo "$CC"; echo "${CXX-unset}"'
+    )
+    out = subprocess.run(
+        ["sh", "-c", script], env={"CONDA_PREFIX": str(prefix), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert out[0] == f"{prefix}/bin/{TARGET}-cc"
+    assert out[1] == f"{prefix}/bin/{TARGET}-c++"
+    assert "12.2.0" in out[2]
+    assert out[3:] == ["/old/cc", "unset"]
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck not installed (see .ci/apt-packages.txt)"
+)
+def test_shipped_shell_scripts_pass_shellcheck(toolchain_prefixes):
+    prefix = toolchain_prefixes[0]
+    scripts = [*(prefix / "bin").glob(f"{TARGET}-*"), *(prefix / "etc/conda").glob("*.d/*.sh")]
+    result = subprocess.run(["shellcheck", *map(str, scripts)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_make_package_rejects_bad_input_and_leaves_nothing(tmp_path):
+    with pytest.raises(ValueError, match="bad file path"):
+        make_package(tmp_path, "bad", "1", {"../escape": b"x"})
+    with pytest.raises(ValueError, match=f"lacks {PREFIX_PLACEHOLDER}"):
+        make_package(tmp_path, "bad", "1", {"bin/x": b"#!/bin/sh\n"}, has_prefix_text=["bin/x"])
+    with pytest.raises(ValueError, match="not in the package"):
+        make_package(tmp_path, "bad", "1", {"bin/x": b"x"}, has_prefix_text=["bin/y"])
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.worker
 @pytest.mark.parametrize("which", [0, 1], ids=["prefix-a", "prefix-b"])
 def test_c_extension_builds_and_imports_inside_worker(worker, worker_env, toolchain_prefixes, which):
@@ -127,7 +168,7 @@ def test_c_and_cxx_direct_invocation_inside_worker(worker, worker_env, toolchain
     )
     script = (
         f'"$CXX" -O1 hello.cpp -o hello && ./hello && "$CC" -fopenmp omp.c -o omp && '
-        f"LD_LIBRARY_PATH={prefix}/{TARGET}/sysroot/usr/lib/x86_64-linux-gnu ./omp"
+        f"LD_LIBRARY_PATH={TORCH_LIB} ./omp"
     )
     result = worker.run(["sh", "-c", script], env=env, cwd=tmp_path, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

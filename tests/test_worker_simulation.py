@@ -146,3 +146,37 @@ def test_command_wraps_argv_for_other_runners(worker, worker_env):
     argv = worker.command([PYTHON, "-c", "import shutil; print(shutil.which('gcc'))"])
     result = subprocess.run(argv, env=worker_env, capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout.strip()) == (0, "None")
+
+
+def test_unavailable_gives_a_reason_instead_of_passing(monkeypatch):
+    from provision import worker_sim
+
+    monkeypatch.setattr(worker_sim.os, "geteuid", lambda: 1000)
+    ok, reason = worker_sim.available.__wrapped__()
+    assert not ok and "needs root" in reason
+    with pytest.raises(RuntimeError, match="unavailable"):
+        worker_sim.available.cache_clear()
+        worker_sim.WorkerSimulation()
+    worker_sim.available.cache_clear()
+
+
+def test_compilers_outside_usr_on_path_are_hidden_too(worker, worker_env, tmp_path, monkeypatch):
+    # e.g. a pyenv shim or a toolkit's bin dir on PATH: hidden by one more overlay on that directory.
+    tools = tmp_path / "toolbin"
+    tools.mkdir()
+    for name in ("gcc", "x86_64-linux-gnu-g++", "mytool"):
+        (tools / name).write_text("#!/bin/sh\necho fake\n")
+        (tools / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{worker_env['PATH']}")
+    sim = type(worker)(cache_dir=tmp_path / "cache")
+    assert str(tools) in [target for target, _ in sim.mounts]
+    env = dict(worker_env, PATH=f"{tools}:{worker_env['PATH']}")
+    script = "command -v gcc; command -v x86_64-linux-gnu-g++; command -v mytool"
+    outside = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+    inside = sim.run(["sh", "-c", script], env=env, timeout=30)
+    assert outside.stdout.split() == [
+        str(tools / "gcc"),
+        str(tools / "x86_64-linux-gnu-g++"),
+        str(tools / "mytool"),
+    ]
+    assert inside.stdout.split() == [str(tools / "mytool")]

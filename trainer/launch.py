@@ -223,30 +223,39 @@ def check_run_dir(run_dir: Path) -> None:
         ) from None
 
 
-# Checks about the provisioned env's own bookkeeping: they cannot apply to the tool environment.
-_PROVISION_ONLY = re.compile(r"manifest|complete|provision|lock|env.?vars|activat", re.IGNORECASE)
+# Checks of a provisioned env's own bookkeeping (manifest, lock, variables file, sysroot): they cannot
+# apply to the tool environment, which bin/provision did not make.
+TOOL_ENV_NOT_APPLICABLE = frozenset(
+    {"env.complete", "env.lock", "variables.file", "toolchain.sysroot", "node.glibc"}
+)
 
 
 def env_checks(choice: EnvChoice, env: dict[str, str]) -> list[str]:
-    """bin/envcheck's fast subset (compiler checks); returns notes, raises PreflightError on a FAIL."""
-    try:  # TEMPORARY until provision/check.py lands
-        from provision.check import run_checks
-    except ImportError:
-        return ["TEMPORARY: provision.check not present; env checks skipped"]
+    """bin/envcheck's fast subset (compilers, caches, node); returns notes, raises PreflightError on a FAIL."""
+    from provision.check import FAIL, SKIP, WARN, run_checks
 
     report = run_checks(choice.prefix, worker=False, fast=True, env=env)
-    notes, failures = [], []
+    notes, failures, not_applicable, skipped = [], [], [], []  # skipped: Check objects
     for check in report.checks:
-        status = str(getattr(check.status, "value", check.status)).upper()
-        if status != "FAIL":
-            continue
-        if not choice.provisioned and _PROVISION_ONLY.search(check.name):
-            notes.append(f"skipped {check.name} (does not apply to the tool environment): {check.message}")
-            continue
-        fix = f" Fix: {check.fix}" if getattr(check, "fix", "") else ""
-        failures.append(f"{check.name}: {check.message}.{fix}")
+        if check.status == FAIL and not choice.provisioned and check.name in TOOL_ENV_NOT_APPLICABLE:
+            not_applicable.append(check.name)
+        elif check.status == FAIL:
+            failures.append(
+                f"{check.name}: {check.message}" + (f"\n    fix: {check.fix}" if check.fix else "")
+            )
+        elif check.status == WARN:
+            notes.append(f"envcheck WARN {check.name}: {check.message}")
+        elif check.status == SKIP and not choice.provisioned:
+            skipped.append(check)
     if failures:
-        raise PreflightError("env check failed for " + str(choice.prefix) + ":\n  " + "\n  ".join(failures))
+        raise PreflightError(f"bin/envcheck --fast failed for {choice.prefix}:\n  " + "\n  ".join(failures))
+    if not_applicable:
+        notes.append(f"tool environment: not applicable, skipped: {', '.join(not_applicable)}")
+    by_reason: dict[str, list[str]] = {}
+    for check in skipped:
+        by_reason.setdefault(check.message, []).append(check.name)
+    for reason, names in by_reason.items():
+        notes.append(f"tool environment: envcheck skipped {', '.join(names)}: {reason}")
     return notes
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from .channel import make_package
 
-LAYOUT_VERSION = "1"  # bump when the package layout or the wrappers change
+LAYOUT_VERSION = "1"  # format of the cache entry (its manifest.json)
 TARGET = "x86_64-conda-linux-gnu"
 SYSROOT = f"{TARGET}/sysroot"
 HOST_LIBS = f"{TARGET}/host-libs"  # compiler-private shared libraries, never on the link path
@@ -125,7 +125,7 @@ exec "$sysroot/{tool}"{sysroot_flag} "$@"
 """
 
 _ACTIVATE = """#!/bin/sh
-# Set by {package} (conda-forge names): the compilers of this env.
+# {package}: {what} (variable names as conda-forge's compiler activation uses).
 {body}
 """
 
@@ -142,8 +142,14 @@ def toolchain_packages(cache_root: Path | None = None) -> list[Path]:
     """The toolchain stand-in's .conda files, built on first use and cached per machine."""
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
     debs = resolve_debs()
+    # The builder's own source is part of the key: editing the layout or a wrapper rebuilds.
+    builder = hashlib.sha256(
+        Path(__file__).read_bytes() + Path(make_package.__code__.co_filename).read_bytes()
+    )
     key = hashlib.sha256(
-        json.dumps({"layout": LAYOUT_VERSION, "debs": debs}, sort_keys=True).encode()
+        json.dumps(
+            {"layout": LAYOUT_VERSION, "debs": debs, "builder": builder.hexdigest()}, sort_keys=True
+        ).encode()
     ).hexdigest()[:16]
     final = cache_root / f"toolchain-{key}"
     manifest = final / "manifest.json"
@@ -166,6 +172,9 @@ def toolchain_packages(cache_root: Path | None = None) -> list[Path]:
         except OSError:
             if not manifest.is_file():
                 raise
+        for stale in cache_root.glob("toolchain-*"):  # builds by older builder sources: ~60 MB each
+            if stale != final:
+                shutil.rmtree(stale, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [final / name for name in json.loads(manifest.read_text())["packages"]]
@@ -222,9 +231,10 @@ def download_debs(debs: dict[str, dict[str, str]], deb_dir: Path) -> dict[str, P
                     f"apt-get download {' '.join(wanted)} failed: {proc.stderr.strip()}"
                 )
             for name in wanted:
-                got = Path(tmp, debs[name]["filename"].replace(":", "%3a"))
-                if not got.is_file():
-                    raise ToolchainBuildError(f"apt-get download did not produce {got.name}")
+                found = sorted(Path(tmp).glob(f"{name}_*.deb"))  # <pkg>_<epoch%3aversion>_<arch>.deb
+                if len(found) != 1:
+                    raise ToolchainBuildError(f"apt-get download left {found or 'no file'} for {name}")
+                got = found[0]
                 if _sha256(got) != debs[name]["sha256"]:
                     raise ToolchainBuildError(f"{got.name}: sha256 differs from apt's index; not using it")
                 os.replace(got, paths[name])
@@ -323,10 +333,13 @@ def _activation(package: str, variables: dict[str, str]) -> dict[str, bytes]:
         f"unset CONDA_BACKUP_{var}"
         for var in variables
     )
+    on_doc, off_doc = "point the env's compiler variables at its tools", "restore what activate.d changed"
     return {
-        f"etc/conda/activate.d/activate-{package}.sh": _ACTIVATE.format(package=package, body=on).encode(),
+        f"etc/conda/activate.d/activate-{package}.sh": _ACTIVATE.format(
+            package=package, what=on_doc, body=on
+        ).encode(),
         f"etc/conda/deactivate.d/deactivate-{package}.sh": _ACTIVATE.format(
-            package=package, body=off
+            package=package, what=off_doc, body=off
         ).encode(),
     }
 

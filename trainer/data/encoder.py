@@ -45,7 +45,8 @@ class PatchMeanEncoder:
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 255.0 - 0.5
         x = F.adaptive_avg_pool2d(x, self.size * self.ratio)
         x = F.pixel_unshuffle(x, self.ratio)  # (N, 3 r^2, size, size)
-        return torch.einsum("cd,ndhw->nchw", self.mix, x).numpy().astype(np.float32)
+        # contiguous: fresh and cached latents must reduce in the same order (bitwise-equal statistics)
+        return np.ascontiguousarray(torch.einsum("cd,ndhw->nchw", self.mix, x).numpy(), dtype=np.float32)
 
 
 ENCODERS = {"patch_mean": PatchMeanEncoder}

@@ -1,0 +1,172 @@
+"""trainer.checkpoint: what counts as complete, DCP save/load round trip, keep-K, interrupted saves.
+
+Runs in this process as a one-rank gloo group with a small fully_shard-ed model (the 2-rank behaviour
+is covered end to end in test_resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from trainer.checkpoint import MARKER, SAFETENSORS, Checkpointer, latest_complete, resume_conflicts, scan
+from trainer.config import load_config
+
+
+def fake_complete(root, step: int, train_state: dict | None = None):
+    """A directory that passes the completeness test (marker listing the files with their sizes)."""
+    path = root / f"checkpoint_step_{step}"
+    path.mkdir(parents=True)
+    (path / "train_state.json").write_text(json.dumps(train_state or {"step": step}))
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / MARKER).write_text(json.dumps({"step": step, "files": files}))
+    return path
+
+
+def test_absent_empty_and_partial_dirs_are_a_fresh_start_with_the_reason(tmp_path):
+    root = tmp_path / "checkpoints"
+    assert latest_complete(root) is None
+    assert scan(root) == ([], f"no checkpoint directory {root}")
+
+    root.mkdir()
+    assert latest_complete(root) is None
+    assert "is empty" in scan(root)[1]
+
+    (root / "checkpoint_step_8.tmp-123").mkdir()  # a save killed before its rename
+    (root / "checkpoint_step_4").mkdir()  # a final name without COMPLETE
+    truncated = fake_complete(root, 6)
+    (truncated / "train_state.json").write_text("{}")  # size no longer what COMPLETE recorded
+    wrong_step = fake_complete(root, 7)
+    (wrong_step / MARKER).write_text(json.dumps({"step": 5, "files": {}}))
+    assert latest_complete(root) is None
+    reason = scan(root)[1]
+    assert reason.startswith("only partial checkpoints")
+    for name in ("checkpoint_step_8.tmp-123", "checkpoint_step_4", "checkpoint_step_6", "checkpoint_step_7"):
+        assert name in reason
+
+    fake_complete(root, 2)
+    fake_complete(root, 10)
+    assert latest_complete(root).step == 10
+    assert [c.step for c in scan(root)[0]] == [2, 10]
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.head(x).square().mean()
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def make_state(seed=0):
+    torch.manual_seed(seed)
+    model = Tiny()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: min(1.0, (done + 1) / 3))
+    return model, optimizer, scheduler
+
+
+def train_steps(model, optimizer, scheduler, n):
+    for _ in range(n):
+        model(torch.randn(4, 8)).backward()  # uses the global RNG: restoring it matters
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+
+
+def snapshot(model, optimizer):
+    params = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    moments = [s["exp_avg"].full_tensor().clone() for s in optimizer.state.values()]
+    return params, moments
+
+
+def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group, tmp_path):
+    model, optimizer, scheduler = make_state()
+    train_steps(model, optimizer, scheduler, 2)
+    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a1")
+    info = ckpt.save(2, model, optimizer, scheduler, train_state={"config": {}, "losses": {}})
+    params, moments = snapshot(model, optimizer)
+    next_draw = torch.randn(3)
+    last_lr = scheduler.get_last_lr()
+
+    other_model, other_optimizer, other_scheduler = make_state(seed=1)  # different weights, no state
+    torch.manual_seed(123)
+    state = ckpt.load(info, other_model, other_optimizer, other_scheduler)
+    assert state["step"] == 2 and state["world_size"] == 1
+    got_params, got_moments = snapshot(other_model, other_optimizer)
+    assert all(torch.equal(params[k], got_params[k]) for k in params)
+    assert all(torch.equal(a, b) for a, b in zip(moments, got_moments, strict=True))
+    assert other_scheduler.get_last_lr() == last_lr and other_scheduler.last_epoch == scheduler.last_epoch
+    assert torch.equal(torch.randn(3), next_draw)
+
+
+def test_keep_last_k_and_stale_partials_are_removed(process_group, tmp_path):
+    model, optimizer, scheduler = make_state()
+    (tmp_path / "checkpoint_step_99.tmp-dead").mkdir()
+    ckpt = Checkpointer(tmp_path, keep=2, rank=0, world_size=1, attempt="a2")
+    for step in (1, 2, 3, 4):
+        ckpt.save(step, model, optimizer, scheduler, train_state={})
+    assert [c.step for c in scan(tmp_path)[0]] == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_step_3", "checkpoint_step_4"]
+
+
+def test_a_save_interrupted_before_commit_leaves_the_previous_checkpoint_latest(process_group, tmp_path):
+    model, optimizer, scheduler = make_state()
+    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a3")
+    ckpt.save(5, model, optimizer, scheduler, train_state={})
+
+    def die():
+        raise KeyboardInterrupt("killed mid-write")
+
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(6, model, optimizer, scheduler, train_state={}, before_commit=die)
+    assert (tmp_path / "checkpoint_step_6.tmp-a3").is_dir()  # the half-written save is still there
+    assert not (tmp_path / "checkpoint_step_6").exists()
+    assert latest_complete(tmp_path).step == 5
+
+
+def test_safetensors_export_is_part_of_the_complete_checkpoint(process_group, tmp_path):
+    from safetensors.torch import load_file
+
+    model, optimizer, scheduler = make_state()
+    ckpt = Checkpointer(tmp_path, keep=1, rank=0, world_size=1, attempt="a4", export_safetensors=True)
+    info = ckpt.save(1, model, optimizer, scheduler, train_state={})
+    weights = load_file(str(info.path / SAFETENSORS))
+    assert set(weights) == set(model.state_dict())
+    assert torch.equal(weights["head.weight"], model.state_dict()["head.weight"].full_tensor())
+    assert SAFETENSORS in json.loads((info.path / MARKER).read_text())["files"]
+
+
+def test_resume_conflicts_name_what_changed():
+    cfg = load_config("furniture_train", cpu_scale=True)
+    saved = {"config": cfg.to_dict(), "world_size": 2}
+    assert resume_conflicts(saved, cfg, 2) == []
+    longer = load_config("furniture_train", cpu_scale=True, overrides={"train.steps": "80", "train.lr": "1e-4"})
+    assert resume_conflicts(saved, longer, 2) == []  # more steps, another LR: a legitimate resume
+    wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": "256"})
+    problems = resume_conflicts(saved, wider, 4)
+    assert any("model.dim was 128, is now 256" in p for p in problems)
+    assert any("written by 2 ranks, this run has 4" in p for p in problems)
+    assert "--run-dir" in problems[-1]

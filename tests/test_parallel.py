@@ -1,0 +1,116 @@
+"""FSDP2 on 2 gloo ranks: reduce-scatter every micro-step vs only the last give the same loss curve,
+and both match one unsharded process that sees both ranks' micro-batches."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainer.config import RunConfig, apply_overrides
+from trainer.data import build_stream
+from trainer.data.generate import generate_dataset
+from trainer.model import WorldModel
+from trainer.parallel import clip_grad_norm, mixed_precision_policy, set_grad_sync, shard_model
+
+WORLD, STEPS, ACCUM = 2, 3, 3
+# The variants differ only in float summation order (local sum then reduce vs reduce then sum):
+# the losses agree to ~1e-6 relative; 1e-4 leaves room for Adam to amplify that over 3 steps.
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def small_cfg(path):
+    cfg = RunConfig()
+    apply_overrides(cfg, {
+        "data.path": str(path), "data.frames": 4, "data.frames_per_chunk": 2, "data.window": 2,
+        "model.latent_size": 8, "model.latent_channels": 4, "model.dim": 32, "model.depth": 2,
+        "model.heads": 2, "model.attn_block": 32, "train.grad_accum": ACCUM, "train.lr": 3e-3,
+    }, "test")
+    cfg.validate()
+    return cfg
+
+
+def train(model, streams, cfg, grad_sync, divide):
+    """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    curves = [[] for _ in streams]
+    for step in range(STEPS):
+        totals = [0.0 for _ in streams]
+        for micro in range(ACCUM):
+            set_grad_sync(model, grad_sync == "every" or micro == ACCUM - 1)
+            for i, stream in enumerate(streams):
+                out = model(stream.micro_batch(step, micro))
+                (out["loss"] / divide).backward()
+                totals[i] += float(out["loss"].detach()) / ACCUM
+        clip_grad_norm(model, cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad()
+        for i, t in enumerate(totals):
+            curves[i].append(t)
+    return curves
+
+
+def _rank_main(rank, init_file, data_path, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    cfg = small_cfg(data_path)
+    stream = build_stream(cfg, rank, WORLD)
+    result = {}
+    for grad_sync in ("every", "last"):
+        torch.manual_seed(0)
+        model = shard_model(WorldModel(cfg), cfg, torch.device("cpu"))
+        # FSDP averages gradients over ranks, so each rank divides by ACCUM only
+        (curve,) = train(model, [stream], cfg, grad_sync, divide=ACCUM)
+        gathered = [None] * WORLD
+        dist.all_gather_object(gathered, curve)
+        result[grad_sync] = gathered
+    if rank == 0:
+        (out_dir / "losses.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def data_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fb") / "ds"
+    generate_dataset(root, 2, 16, "one_leg", seed=2)
+    build_stream(small_cfg(root), 0, 1)  # fill the latent cache before the ranks start
+    return root
+
+
+@pytest.mark.slow
+def test_grad_sync_last_equals_every_and_unsharded(tmp_path, data_path):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_rank_main, args=(tmp_path / "init", data_path, tmp_path), nprocs=WORLD, join=True)
+    result = json.loads((tmp_path / "losses.json").read_text())
+
+    # reference: one unsharded model that runs both ranks' micro-batches, averaging over ranks
+    cfg = small_cfg(data_path)
+    torch.manual_seed(0)
+    reference = train(WorldModel(cfg), [build_stream(cfg, r, WORLD) for r in range(WORLD)], cfg, "every",
+                      divide=ACCUM * WORLD)
+    for rank in range(WORLD):
+        every, last = result["every"][rank], result["last"][rank]
+        assert len(every) == STEPS
+        torch.testing.assert_close(torch.tensor(last), torch.tensor(every), rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(torch.tensor(every), torch.tensor(reference[rank]), rtol=RTOL, atol=ATOL)
+    assert result["every"][0] != result["every"][1]  # the ranks saw different data
+    assert result["every"][0][-1] < result["every"][0][0]  # and it trained
+
+
+def test_mixed_precision_policy_per_device():
+    cfg = RunConfig()
+    assert mixed_precision_policy(cfg, torch.device("cpu")).param_dtype == torch.float32
+    gpu = mixed_precision_policy(cfg, torch.device("cuda"))
+    assert gpu.param_dtype == torch.bfloat16 and gpu.reduce_dtype == torch.float32
+    cfg.train.mixed_precision = "bf16"
+    assert mixed_precision_policy(cfg, torch.device("cpu")).param_dtype == torch.bfloat16
+
+
+def test_shard_model_needs_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this test process")
+    with pytest.raises(RuntimeError, match="torchrun"):
+        shard_model(torch.nn.Linear(2, 2), RunConfig(), torch.device("cpu"))

@@ -1,0 +1,219 @@
+"""End to end on 2 CPU ranks: resume, preemption at several points, kill -9 of a rank, teardown hiccups.
+
+Every run is `python -m trainer.launch` (what bin/train execs) with a tiny model. Synchronisation is by
+files, never by sleeps: LINGBOT_TEST_PAUSE_AT makes one rank announce itself in PAUSE_DIR/reached and
+wait for PAUSE_DIR/release; the test signals the launcher, waits for the launcher's stop file (proof the
+stop request is out), then releases the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 6
+TINY = [
+    "model.dim=32", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
+    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
+    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
+    "checkpoint.every=2", "checkpoint.keep=2", "log.tensorboard=true",
+]  # fmt: skip
+TIMEOUT = 240
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("episodes") / "furniture"
+
+
+@pytest.fixture(scope="module")
+def base_env(tmp_path_factory) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
+    env["CONDA_ENVS_PATH"] = str(tmp_path_factory.mktemp("no-envs"))  # no provisioned env: the tool env
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def launch(run_dir: Path, data_dir: Path, env: dict[str, str], *, extra_env=None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
+    for item in [*TINY, f"data.path={data_dir}"]:
+        argv += ["--set", item]
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env={**env, **(extra_env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=TIMEOUT)
+    return proc.returncode, out
+
+
+def wait_for(root: Path, pattern: str, proc: subprocess.Popen) -> Path:
+    """The first file under `root` matching `pattern`, waiting while the launcher runs (with a deadline)."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        found = sorted(root.glob(pattern))
+        if found:
+            return found[0]
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"launcher exited {proc.returncode} before {root}/{pattern}:\n{proc.stdout.read()}"
+            )
+        time.sleep(0.02)  # polling for an event, with a deadline: not a sleep standing in for one
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {root}/{pattern}")
+
+
+def pause_env(pause_dir: Path, point: str, rank: int = 0) -> dict[str, str]:
+    pause_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "LINGBOT_TEST_PAUSE_AT": point,
+        "LINGBOT_TEST_PAUSE_RANK": str(rank),
+        "LINGBOT_TEST_PAUSE_DIR": str(pause_dir),
+    }
+
+
+def losses_by_step(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Per step, the (latent, action) losses of the last attempt that ran it."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = (record["latent_loss"], record["action_loss"])
+    return out
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    root = run_dir / "checkpoints"
+    return sorted(
+        int(p.name.split("_")[-1]) for p in root.glob("checkpoint_step_*") if (p / "COMPLETE").exists()
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir, base_env) -> tuple[Path, dict]:
+    """An uninterrupted run from an empty checkpoint dir, with rank 1 aborting after
+    destroy_process_group (the teardown hiccup): it must still count as completed."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    (run_dir / "checkpoints").mkdir()
+    rc, out = finish(launch(run_dir, data_dir, base_env, extra_env={"LINGBOT_TEST_ABORT_AFTER_DESTROY": "1"}))
+    assert rc == 0, out
+    assert "fresh start: checkpoint directory" in out and "is empty" in out, out
+    return run_dir, losses_by_step(run_dir)
+
+
+def test_uninterrupted_run_survives_teardown_abort_and_rerun_is_a_no_op(reference, data_dir, base_env):
+    run_dir, losses = reference
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["exit_code"] == 0
+    assert s["torchrun_exit_code"] != 0  # rank 1 really aborted in teardown
+    assert any("teardown" in note for note in s["notes"])
+    assert (s["first_step"], s["last_step"], s["steps_requested"]) == (1, STEPS, STEPS)
+    assert s["last_complete_checkpoint"]["step"] == STEPS
+    assert set(s["final_losses"]) == {"loss", "latent_loss", "action_loss"}
+    assert s["timing"]["steps"] >= 1 and 0 < s["timing"]["compute_share"] <= 1
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert complete_steps(run_dir) == [4, 6]  # keep=2
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    attempts = sorted((run_dir / "attempts").iterdir())
+    metrics_before = (run_dir / "metrics.jsonl").read_text()
+    rc, out = finish(launch(run_dir, data_dir, base_env))
+    assert rc == 0, out
+    assert "run complete" in out and "nothing to train" in out
+    assert sorted((run_dir / "attempts").iterdir()) == attempts  # no torchrun started
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
+    reference, tmp_path, data_dir, base_env
+):
+    _, expected = reference
+    run_dir = tmp_path / "run"
+    # Only partial checkpoints: a killed save's tmp dir and a final-named dir without COMPLETE.
+    (run_dir / "checkpoints" / "checkpoint_step_4.tmp-dead").mkdir(parents=True)
+    (run_dir / "checkpoints" / "checkpoint_step_2").mkdir()
+    (run_dir / "checkpoints" / "checkpoint_step_2" / ".metadata").write_text("half")
+
+    # 1. SIGTERM while rank 0 is inside step 3 (after its first micro-batch).
+    pause = tmp_path / "pause1"
+    proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "step:3"))
+    wait_for(pause, "reached", proc)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(run_dir, "attempts/*/stop", proc)
+    (pause / "release").touch()
+    rc, out = finish(proc)
+    assert rc == 75, out
+    assert "fresh start: only partial checkpoints" in out, out
+    s = summary(run_dir)
+    assert s["status"] == "preempted" and s["exit_code"] == 75
+    assert s["last_step"] == 3 and s["last_complete_checkpoint"]["step"] == 3
+    assert "SIGUSR1" in s["reason"] or "stop" in s["reason"]
+    assert complete_steps(run_dir) == [2, 3]
+    assert not list((run_dir / "checkpoints").glob("*.tmp-*"))  # the dead partial one was cleaned up
+
+    # 2. Resume; SIGTERM (twice) while rank 0 is writing checkpoint 4, before it is committed.
+    pause = tmp_path / "pause2"
+    proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "checkpoint:4"))
+    wait_for(pause, "reached", proc)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(run_dir, "attempts/*/stop", proc)
+    proc.send_signal(signal.SIGTERM)
+    (pause / "release").touch()
+    rc, out = finish(proc)
+    assert rc == 75, out
+    assert "resuming from" in out and "checkpoint_step_3" in out
+    s = summary(run_dir)
+    assert (s["status"], s["first_step"], s["last_step"]) == ("preempted", 4, 4)
+    assert s["last_complete_checkpoint"]["step"] == 4
+    assert complete_steps(run_dir) == [3, 4]
+
+    # 3. Resume to the end: the loss curve is the uninterrupted run's, bit for bit.
+    rc, out = finish(launch(run_dir, data_dir, base_env))
+    assert rc == 0, out
+    assert summary(run_dir)["status"] == "completed"
+    assert losses_by_step(run_dir) == expected
+
+
+def test_kill9_of_one_rank_mid_checkpoint_fails_naming_it_and_keeps_the_previous_checkpoint(
+    reference, tmp_path, data_dir, base_env
+):
+    _, expected = reference
+    run_dir = tmp_path / "run"
+    pause = tmp_path / "pause"
+    proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "checkpoint:4", rank=1))
+    reached = json.loads(wait_for(pause, "reached", proc).read_text())
+    assert reached["rank"] == 1
+    os.kill(reached["pid"], signal.SIGKILL)
+    rc, out = finish(proc)
+    assert rc == 1, out
+    s = summary(run_dir)
+    assert s["status"] == "failed" and s["exit_code"] == 1
+    assert s["failed_rank"] == 1, s
+    assert "rank 1" in s["reason"] and "SIGKILL" in s["rank_error"], s
+    assert s["last_complete_checkpoint"]["step"] == 2
+    assert complete_steps(run_dir) == [2]  # the half-written checkpoint 4 is not taken for complete
+    assert "FAILED: rank 1" in out
+
+    rc, out = finish(launch(run_dir, data_dir, base_env))
+    assert rc == 0, out
+    assert "resuming from" in out and "checkpoint_step_2" in out
+    assert losses_by_step(run_dir) == expected
