@@ -98,7 +98,9 @@ def measure(quick: bool) -> Table:
 
     for length in lengths:
         frames = length // (2 * (TOKENS_PER_FRAME + ACTIONS_PER_FRAME))
-        shape = SequenceShape(frames=frames, tokens_per_frame=TOKENS_PER_FRAME, actions_per_frame=ACTIONS_PER_FRAME)
+        shape = SequenceShape(
+            frames=frames, tokens_per_frame=TOKENS_PER_FRAME, actions_per_frame=ACTIONS_PER_FRAME
+        )
         layout = token_layout(shape, 1, FRAMES_PER_CHUNK, pad_to=128, device=device)
         mask_mod = lingbot_mask_mod(layout, WINDOW)
         t0 = time.perf_counter()
@@ -135,6 +137,7 @@ def measure(quick: bool) -> Table:
                                    f"tens of seconds per call on this CPU")  # fmt: skip
                     continue
                 if mode == "fwd":
+
                     def call(fn=fn, q=q, k=k, v=v):
                         with torch.no_grad():
                             fn(q, k, v)
@@ -143,6 +146,7 @@ def measure(quick: bool) -> Table:
 
                     def call(fn=fn, qg=qg, kg=kg, vg=vg):
                         fn(qg, kg, vg).float().sum().backward()
+
                 seconds, peak = _timed(call, device)
                 rows.append([length, f"{density:.3f}", name, mode, seconds * 1e3, peak / 2**20])
         rows.append([length, f"{density:.3f}", "(build BlockMask: time, size)", "-", block_mask_s * 1e3,
@@ -163,8 +167,10 @@ def measure(quick: bool) -> Table:
         columns=["tokens", "mask density", "backend", "pass", "median ms", "peak MiB above start"],
         rows=rows,
         ratio=ratio,
-        notes=["flex compile time per length (dynamic=False): "
-               + ", ".join(f"{n}: {s:.1f} s" for n, s in compile_s.items())]  # fmt: skip
+        notes=[
+            "flex compile time per length (dynamic=False): "
+            + ", ".join(f"{n}: {s:.1f} s" for n, s in compile_s.items())
+        ]  # fmt: skip
         + [f"skipped: {s}" for s in unique_skips],
     )
     return table

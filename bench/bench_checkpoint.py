@@ -53,7 +53,10 @@ def _worker(out_dir: Path, repeats: int) -> None:
     project = [timed(lambda i=i: checkpointer.save(10 + i, rig.model, rig.optimizer, rig.scheduler,
                                                     train_state={"bench": True}))
                for i in range(repeats)]  # fmt: skip
-    bare = [timed(lambda i=i: dcp.save({"train": state}, checkpoint_id=out_dir / f"bare{i}")) for i in range(repeats)]
+    bare = [
+        timed(lambda i=i: dcp.save({"train": state}, checkpoint_id=out_dir / f"bare{i}"))
+        for i in range(repeats)
+    ]
 
     # The background save runs collectives; on the training process group they would interleave with
     # FSDP's and mismatch (gloo aborts), so async_save gets a group of its own, as torchtitan does.
@@ -62,7 +65,9 @@ def _worker(out_dir: Path, repeats: int) -> None:
     for i in range(repeats):
         dist.barrier()
         t0 = time.perf_counter()
-        future = dcp.async_save({"train": state}, checkpoint_id=out_dir / f"async{i}", process_group=save_group)
+        future = dcp.async_save(
+            {"train": state}, checkpoint_id=out_dir / f"async{i}", process_group=save_group
+        )
         blocking = time.perf_counter() - t0
         t1 = time.perf_counter()
         rig.step(2 + i)  # the loop goes on while the background thread writes
@@ -110,8 +115,14 @@ def run(quick: bool = False) -> list[Table]:
     table = Table(
         title=f"Checkpoint cost: 2 ranks ({r0['device']}), {r0['bytes'] / 2**20:.1f} MiB on disk "
         f"(model + AdamW state), training step {step_s:.2f} s",
-        columns=["save", "blocks the loop s", "until on disk s", "slowdown of the overlapped step s",
-                 f"share of training at every={INTERVAL}", f"share at every={every} (cpu_scale config)"],  # fmt: skip
+        columns=[
+            "save",
+            "blocks the loop s",
+            "until on disk s",
+            "slowdown of the overlapped step s",
+            f"share of training at every={INTERVAL}",
+            f"share at every={every} (cpu_scale config)",
+        ],  # fmt: skip
         rows=rows,
         ratio=f"async / sync loop cost per checkpoint = {(rows[2][1] + slowdown) / project:.2f}; "
         f"at every={INTERVAL} the cheapest ({best[0].split(' (')[0]}) costs {best[4]:.2%} of training",

@@ -23,7 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import PeakMemory, Table, TrainingRig, bench_config, init_distributed, median, torchrun  # noqa: E402
 
 # name: (grad sync, keep params unsharded across micro-steps)
-VARIANTS = {"sync-every": ("every", False), "sync-last": ("last", False), "sync-last + keep-unsharded": ("last", True)}
+VARIANTS = {
+    "sync-every": ("every", False),
+    "sync-last": ("last", False),
+    "sync-last + keep-unsharded": ("last", True),
+}
 
 
 def _worker(out_dir: Path, pairs: int) -> None:
@@ -45,7 +49,15 @@ def _worker(out_dir: Path, pairs: int) -> None:
             with PeakMemory(device) as mem:
                 record = optimizer_step(pair, *VARIANTS[sync])
             if pair > 0:
-                records.append({"pair": pair, "sync": sync, "peak_bytes": mem.peak, "calls": breakdown.comm_calls, **record})
+                records.append(
+                    {
+                        "pair": pair,
+                        "sync": sync,
+                        "peak_bytes": mem.peak,
+                        "calls": breakdown.comm_calls,
+                        **record,
+                    }
+                )
 
     # Each collective alone, after a barrier: the transfer cost, without waiting for a slower peer.
     isolated = {}
@@ -68,7 +80,9 @@ def _worker(out_dir: Path, pairs: int) -> None:
 
     info = {"tokens_per_micro_batch": stream.tokens_per_micro_batch, "grad_accum": accum, "world": world,
             "params": sum(p.numel() for p in model.parameters()), "device": str(device), "model": model_name}  # fmt: skip
-    (out_dir / f"rank{rank}.json").write_text(json.dumps({"records": records, "isolated": isolated, "info": info}))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps({"records": records, "isolated": isolated, "info": info})
+    )
     dist.barrier()
 
 
@@ -86,7 +100,12 @@ def run(quick: bool = False) -> list[Table]:
 
     def step_time(variant, round_id):
         # A step ends when its slowest rank ends (the faster one waits for it inside a collective).
-        return max(r["step_s"] for rank in ranks for r in rank["records"] if r["sync"] == variant and r["pair"] == round_id)
+        return max(
+            r["step_s"]
+            for rank in ranks
+            for r in rank["records"]
+            if r["sync"] == variant and r["pair"] == round_id
+        )
 
     step = {v: [step_time(v, i) for i in round_ids] for v in VARIANTS}
     rows = []
@@ -95,8 +114,11 @@ def run(quick: bool = False) -> list[Table]:
         rows.append(
             [v, median(step[v]), min(step[v]), max(step[v]), median(r["compute_share"] for r in recs)]
             + [median(r[f"{p}_share"] for r in recs) for p in PHASE_COLUMNS]
-            + [int(median(r["calls"]["grad_comm"] for r in recs)), int(median(r["calls"]["param_comm"] for r in recs)),
-               round(max(r["peak_bytes"] for r in recs) / 2**20, 1)]  # fmt: skip
+            + [
+                int(median(r["calls"]["grad_comm"] for r in recs)),
+                int(median(r["calls"]["param_comm"] for r in recs)),
+                round(max(r["peak_bytes"] for r in recs) / 2**20, 1),
+            ]  # fmt: skip
         )
 
     def compare(a: str, b: str) -> str:
@@ -121,8 +143,12 @@ def run(quick: bool = False) -> list[Table]:
             "keep-unsharded: FSDP2 set_reshard_after_forward(False) and set_reshard_after_backward only on the "
             "last micro-step, so parameters are all-gathered once per step instead of twice per micro-step.",
             "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
-            "peak MiB: " + ("process RSS sampled every 2 ms (includes the ~0.6 GiB Python/torch baseline)" if cpu
-                            else "torch.cuda.max_memory_allocated"),  # fmt: skip
+            "peak MiB: "
+            + (
+                "process RSS sampled every 2 ms (includes the ~0.6 GiB Python/torch baseline)"
+                if cpu
+                else "torch.cuda.max_memory_allocated"
+            ),  # fmt: skip
         ],
     )
     iso = ranks[0]["isolated"]
@@ -133,15 +159,25 @@ def run(quick: bool = False) -> list[Table]:
         calls = median(r["calls"][kind] for r in rec_last)
         measured = median(r[f"{kind}_s"] for r in rec_last)
         transfer = iso[kind]["seconds"] * calls / groups  # full-model passes this step makes
-        comm_rows.append([name, int(calls), measured, iso[kind]["seconds"], transfer, max(0.0, measured - transfer)])
+        comm_rows.append(
+            [name, int(calls), measured, iso[kind]["seconds"], transfer, max(0.0, measured - transfer)]
+        )
     comm = Table(
         title="Communication in a sync-last step: transfer vs waiting for the other rank",
-        columns=["collective", "calls/step", "measured s/step", "one full-model collective alone s",
-                 "transfer estimate s/step", "rest = waiting + per-call overhead s/step"],  # fmt: skip
+        columns=[
+            "collective",
+            "calls/step",
+            "measured s/step",
+            "one full-model collective alone s",
+            "transfer estimate s/step",
+            "rest = waiting + per-call overhead s/step",
+        ],  # fmt: skip
         rows=comm_rows,
-        notes=["'alone' = one collective over all parameters after a barrier (median of 10); the transfer "
-               "estimate multiplies it by the full-model passes of the step (calls / FSDP groups). What is "
-               "left is time a rank sat in the collective waiting for the other rank to arrive."],  # fmt: skip
+        notes=[
+            "'alone' = one collective over all parameters after a barrier (median of 10); the transfer "
+            "estimate multiplies it by the full-model passes of the step (calls / FSDP groups). What is "
+            "left is time a rank sat in the collective waiting for the other rank to arrive."
+        ],  # fmt: skip
     )
     return [table, comm]
 

@@ -36,8 +36,12 @@ def _child() -> None:
 
     imported = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    layout = token_layout(SequenceShape(frames=8, tokens_per_frame=60, actions_per_frame=4), 1, 2, 128, device)
-    mask = create_block_mask(lingbot_mask_mod(layout, 4), None, None, layout.length, layout.length, device=device)
+    layout = token_layout(
+        SequenceShape(frames=8, tokens_per_frame=60, actions_per_frame=4), 1, 2, 128, device
+    )
+    mask = create_block_mask(
+        lingbot_mask_mod(layout, 4), None, None, layout.length, layout.length, device=device
+    )
     q = torch.randn(1, 4, layout.length, 32, device=device)
     masked = time.perf_counter()
     flex = _compiled_flex_attention()
@@ -61,7 +65,9 @@ def _one(cache: Path) -> dict:
     }
     (cache / "tmp").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, timeout=600
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"bench_restart child exited {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -84,8 +90,10 @@ def run(quick: bool = False) -> list[Table]:
         rows=rows,
         ratio=f"warm / cold time to first call = {rows[1][1] / rows[0][1]:.2f} "
         f"(first call alone {rows[1][4] / rows[0][4]:.2f}); caches after the runs: {size / 2**20:.1f} MiB",
-        notes=["TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR private to this bench; on a cluster the "
-               "launcher seeds a node-local TRITON_CACHE_DIR from the shared one for the warm case."],  # fmt: skip
+        notes=[
+            "TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TMPDIR private to this bench; on a cluster the "
+            "launcher seeds a node-local TRITON_CACHE_DIR from the shared one for the warm case."
+        ],  # fmt: skip
     )
     return [table]
 

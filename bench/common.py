@@ -92,7 +92,9 @@ def bench_config(overrides: dict | None = None):
     from trainer.config import load_config
 
     base = {"data.path": str(CACHE / "data" / "furniture_train")}
-    return load_config("furniture_train", cpu_scale=not torch.cuda.is_available(), overrides={**base, **(overrides or {})})
+    return load_config(
+        "furniture_train", cpu_scale=not torch.cuda.is_available(), overrides={**base, **(overrides or {})}
+    )
 
 
 class PeakMemory:
@@ -168,7 +170,9 @@ class TrainingRig:
         self.cfg, self.device, self.set_grad_sync = cfg, device, set_grad_sync
         torch.manual_seed(cfg.train.seed)
         self.model = shard_model(WorldModel(cfg), cfg, device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda done: 1.0)
         self.stream = build_stream(cfg, rank, world)
         self.breakdown = StepBreakdown(device)

@@ -35,6 +35,7 @@ from provision.envvars import env_vars_path, expand, job_environment, read_env_v
 from provision.prefix import completeness, envs_dir, read_manifest, resolve_prefix
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+STATUSES = (PASS, WARN, FAIL, SKIP)
 REPORT_FORMAT = 1  # bump when the JSON report's shape changes (bin/train's preflight reads it)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LOCKFILE = REPO_ROOT / "conda-lock.yml"

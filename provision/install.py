@@ -394,14 +394,18 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
         if gen.exists():
             shutil.rmtree(gen)
         progress(f"building {target} as {gen.name} from {p.lock_path.name} ({p.platform})")
-        records = locked_records(p, mirror, cache_dir / "downloads", progress)
-        _link_conda(records, gen, installer, cache_dir, progress)
-        hooks.write_env_files(gen, p.entries, str(p.spec.path))
-        pip = _pip_install(p, gen, pip_entries(p), pip_index, pip_find_links, progress)
-        _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
-        _fsync_dir(gen / "conda-meta")
-        if before_swap is not None:
-            before_swap(gen)
+        try:
+            records = locked_records(p, mirror, cache_dir / "downloads", progress)
+            _link_conda(records, gen, installer, cache_dir, progress)
+            hooks.write_env_files(gen, p.entries, str(p.spec.path))
+            pip = _pip_install(p, gen, pip_entries(p), pip_index, pip_find_links, progress)
+            _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
+            _fsync_dir(gen / "conda-meta")
+            if before_swap is not None:
+                before_swap(gen)
+        except BaseException:
+            shutil.rmtree(gen, ignore_errors=True)  # a failure leaves nothing (a kill: the next run cleans)
+            raise
 
         link = target.parent / f".{target.name}.link-{os.getpid()}"
         link.unlink(missing_ok=True)

@@ -163,10 +163,13 @@ def test_resume_conflicts_name_what_changed():
     cfg = load_config("furniture_train", cpu_scale=True)
     saved = {"config": cfg.to_dict(), "world_size": 2}
     assert resume_conflicts(saved, cfg, 2) == []
-    longer = load_config("furniture_train", cpu_scale=True, overrides={"train.steps": "80", "train.lr": "1e-4"})
+    longer = load_config(
+        "furniture_train", cpu_scale=True, overrides={"train.steps": "80", "train.lr": "1e-4"}
+    )
     assert resume_conflicts(saved, longer, 2) == []  # more steps, another LR: a legitimate resume
-    wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": "256"})
+    dim = cfg.model.dim
+    wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": str(2 * dim)})
     problems = resume_conflicts(saved, wider, 4)
-    assert any("model.dim was 128, is now 256" in p for p in problems)
+    assert any(f"model.dim was {dim}, is now {2 * dim}" in p for p in problems)
     assert any("written by 2 ranks, this run has 4" in p for p in problems)
     assert "--run-dir" in problems[-1]

@@ -115,7 +115,8 @@ def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
     assert result.returncode == 2
     assert f"package file {tampered} does not match the lock" in result.stderr
     assert not (tmp_path / "envs" / "small-env").exists()
-    # same content, still a different file: a wrong md5 alone is caught too (py-rattler checks neither)
+    assert not any(generations_dir(tmp_path / "envs" / "small-env").iterdir())  # no partial build left
+    # both hashes are checked and reported (py-rattler checks neither for file:// packages)
     assert "md5" in result.stderr and "sha256" in result.stderr
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import RunConfig
+from trainer.timing import format_breakdown
 
 
 def format_duration(seconds: float) -> str:
@@ -103,19 +104,21 @@ class Metrics:
                 f"step {step}/{self.total} | latent_loss {values['latent_loss']:.4f} | "
                 f"action_loss {values['action_loss']:.4f} | grad_norm {values['grad_norm']:.3f} | "
                 f"lr {values['lr']:.2e} | {values['s_per_it']:.2f} s/it | {values['tokens_per_s']:.0f} tok/s | "
-                f"mem {values['memory_gib']:.2f} GiB | compute {timing.get('compute_share', 0.0):.2f}"
+                f"mem {values['memory_gib']:.2f} GiB"
+                + (f" | mfu {values['mfu']:.1%}" if "mfu" in values else "")
+                + (f" | gpu {values['gpu_util']:.0f}%" if "gpu_util" in values else "")
             )
         if step % self.progress_every == 0 or step == self.total:
-            self.progress(step)
+            self.progress(step, format_breakdown(timing) if timing else "")
 
-    def progress(self, step: int) -> None:
+    def progress(self, step: int, breakdown: str = "") -> None:
         done = step - self.start_step
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
         eta_text = format_duration(eta) if done > 0 else "?"
         self.info(
             f"progress {step}/{self.total} ({100.0 * step / self.total:.0f}%) | "
-            f"elapsed {format_duration(elapsed)} | eta {eta_text}"
+            f"elapsed {format_duration(elapsed)} | eta {eta_text}" + (f" | {breakdown}" if breakdown else "")
         )
 
     def close(self) -> None:

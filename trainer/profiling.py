@@ -1,13 +1,13 @@
 """Throughput, MFU, device utilisation and an opt-in torch.profiler window for the training loop.
 
-    window = ProfilerWindow(cfg.profile, run_dir, rank, device)   # does nothing unless cfg.profile.enabled
-    nvml = DeviceUtilisation(device)                              # samples NVML when pynvml is present
-    for step in ...:
-        ...one optimizer step...
-        window.step(step)
-        metrics |= throughput(tokens, seconds, model.flops_per_token(), device_peak_flops(device))
-        metrics["gpu_util"] = nvml.mean_since_last()               # None without NVML
-    window.close(); nvml.close()
+window = ProfilerWindow(cfg.profile, run_dir, rank, device)   # does nothing unless cfg.profile.enabled
+nvml = DeviceUtilisation(device)                              # samples NVML when pynvml is present
+for step in ...:
+    ...one optimizer step...
+    window.step(step)
+    metrics |= throughput(tokens, seconds, model.flops_per_token(), device_peak_flops(device))
+    metrics["gpu_util"] = nvml.mean_since_last()               # None without NVML
+window.close(); nvml.close()
 """
 
 from __future__ import annotations

@@ -67,18 +67,20 @@ def render_sbatch(
 # Submit: sbatch <this file>. Exit codes: 0 done, 1 failed, 3 preflight failed, 75 preempted (requeued).
 {header}
 set -uo pipefail
-cd {q(str(repo_root))}
+cd {q(str(repo_root))} || exit {EXIT_PREFLIGHT}
 run_dir={q(str(run_dir))}
-mkdir -p "$run_dir"
+mkdir -p "$run_dir" || exit {EXIT_PREFLIGHT}
 
 # Preflight on every node of the allocation: the env's compilers must work on the worker itself.
-if ! srun --ntasks-per-node=1 --output="$run_dir/envcheck-%j-%N.json" bin/envcheck --worker --json {shlex.join(env_args)}; then
-  echo "preflight failed on a worker: see $run_dir/envcheck-$SLURM_JOB_ID-*.json" >&2
+if ! srun --ntasks-per-node=1 --output="$run_dir/envcheck-%j-%N.json" --error="$run_dir/envcheck-%j-%N.log" \
+    bin/envcheck --worker --json - {shlex.join(env_args)}; then
+  echo "preflight failed on a worker: see $run_dir/envcheck-$SLURM_JOB_ID-*.log (and .json)" >&2
   exit {EXIT_PREFLIGHT}
 fi
 
 # Forward Slurm's early warning (USR1) and a cancel (TERM) to bin/train, which saves and exits 75.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bin/train {shlex.join(train_args)} &
+# (No --kill-on-bad-exit: a node exiting 75 first must not kill node 0 before it writes the summary.)
+srun --ntasks-per-node=1 bin/train {shlex.join(train_args)} &
 train_pid=$!
 trap 'kill -USR1 "$train_pid" 2>/dev/null' USR1
 trap 'kill -TERM "$train_pid" 2>/dev/null' TERM

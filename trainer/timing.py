@@ -77,7 +77,9 @@ def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _subtract(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _subtract(
+    intervals: list[tuple[float, float]], cut: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
     """Sorted disjoint `intervals` minus sorted disjoint `cut`."""
     out = []
     for start, end in intervals:
@@ -231,7 +233,6 @@ def format_breakdown(record: dict[str, float]) -> str:
 # --- FSDP2 communication ---------------------------------------------------------------------------
 
 
-
 class TimedReduceScatter(ReduceScatter):
     """FSDP2's gradient reduce-scatter, timed as grad_comm; delegates to the comm it replaces."""
 
@@ -262,7 +263,9 @@ class TimedAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         with self.breakdown.comm("param_comm"):
-            return self.inner(output_tensor=output_tensor, input_tensor=input_tensor, group=group, async_op=async_op)
+            return self.inner(
+                output_tensor=output_tensor, input_tensor=input_tensor, group=group, async_op=async_op
+            )
 
 
 def install_comm_timing(model: nn.Module, breakdown: StepBreakdown) -> None:

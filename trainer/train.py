@@ -39,6 +39,7 @@ from trainer.data import build_stream
 from trainer.metrics import Metrics, memory_gib
 from trainer.model import WorldModel
 from trainer.parallel import clip_grad_norm, set_grad_sync, shard_model
+from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
 
@@ -123,27 +124,6 @@ def init_distributed() -> tuple[int, int, int, torch.device]:
     return rank, world_size, local_rank, device
 
 
-def make_profiler(cfg, run_dir: Path, rank: int, start_step: int, device: torch.device):
-    """An opt-in torch.profiler window (profile.start_step + wait/warmup/active), traces per rank."""
-    if not cfg.profile.enabled:
-        return None
-    p = cfg.profile
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(
-            skip_first=max(0, p.start_step - start_step - 1),
-            wait=p.wait,
-            warmup=p.warmup,
-            active=p.active,
-            repeat=1,
-        ),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir / "profile" / f"rank{rank}")),
-    )
-
-
 @record
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
@@ -214,15 +194,16 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
 
     breakdown = StepBreakdown(device)
     install_comm_timing(model, breakdown)
-    profiler = make_profiler(cfg, run_dir, rank, start_step, device)
-    if profiler is not None:
-        profiler.start()
+    profiler = ProfilerWindow(cfg.profile, run_dir, rank, device)  # no-op unless profile.enabled
+    utilisation = DeviceUtilisation(device)  # NVML on GPU; None readings elsewhere
+    peak_flops = device_peak_flops(device)
     timings: list[dict] = []
     last_ckpt = latest
     losses = None
     status, step = summaries.COMPLETED, start_step
 
     for step in range(start_step + 1, total_steps + 1):
+        profiler.begin(step)
         step_started = time.perf_counter()
         breakdown.start_step()
         lr = scheduler.get_last_lr()[0]
@@ -276,19 +257,19 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
         timing = breakdown.end_step()
         timings.append(timing)
         s_per_it = time.perf_counter() - step_started
-        metrics.log_step(
-            step,
-            {
-                **losses,
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                "s_per_it": s_per_it,
-                "tokens_per_s": tokens_per_step / s_per_it,
-                "tflops_per_s": flops_per_token * tokens_per_step / s_per_it / 1e12,
-                "memory_gib": memory_gib(device),
-            },
-            timing,
-        )
+        # Throughput of this rank's device (tokens/s summed over ranks is tokens_per_step / s_per_it).
+        rate = throughput(tokens_per_step // world_size, s_per_it, flops_per_token, peak_flops)
+        values = {
+            **losses,
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "s_per_it": s_per_it,
+            "tokens_per_s": tokens_per_step / s_per_it,
+            "memory_gib": memory_gib(device),
+        }
+        optional = {"mfu": rate["mfu"], "gpu_util": utilisation.mean_since_last()}
+        values.update({k: v for k, v in optional.items() if v is not None})
+        metrics.log_step(step, values, timing)
         if rank == 0 and attempt_dir is not None:
             summaries.atomic_write_json(
                 attempt_dir / "progress.json",
@@ -300,8 +281,7 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
                     "last_complete_checkpoint": _ckpt_json(last_ckpt),
                 },
             )
-        if profiler is not None:
-            profiler.step()
+        profiler.step(step)
         if stopping and step < total_steps:
             status = summaries.PREEMPTED
             metrics.info(
@@ -309,8 +289,8 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
             )
             break
 
-    if profiler is not None:
-        profiler.stop()
+    profiler.close()
+    utilisation.close()
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
         steady = timings[1:] or timings  # the first step of an attempt pays for warm-up

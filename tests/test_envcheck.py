@@ -1,0 +1,287 @@
+"""bin/envcheck on envs provisioned by bin/provision's own code from a local channel, inside the worker
+simulation (no gcc, binutils, crt files or headers) and on this host (which has gcc).
+
+Two envs are built once per session: `lingbot-test-bare` (only `lingbot-probe`) and `lingbot-test-tool`
+(the same plus the toolchain stand-in: gcc_linux-64, gxx_linux-64, sysroot_linux-64). Neither has a
+python, so the probes run with the tool python in the env's job environment (as the report says).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from provision import install, lock
+from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
+from provision.envvars import job_environment
+from provision.spec import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+ENVCHECK = [sys.executable, "-m", "provision.check"]
+GPU_CHECKS = ("gpu.cuda", "gpu.driver", "gpu.nccl", "gpu.kind")
+
+
+@dataclass(frozen=True)
+class Envs:
+    bare: Path
+    tool: Path
+
+
+@pytest.fixture(scope="session")
+def envs(toolchain_channel, tmp_path_factory) -> Envs:
+    """Both envs, locked and provisioned exactly as `bin/provision --relock` + `bin/provision` do."""
+    root = tmp_path_factory.mktemp("envcheck-envs")
+    prefixes = {}
+    for kind, deps in (("bare", ["lingbot-probe"]),
+                       ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64"])):
+        spec_dir = root / kind
+        spec_dir.mkdir()
+        spec_path = spec_dir / "environment.yml"
+        spec_path.write_text(
+            f"name: lingbot-test-{kind}\nchannels:\n  - {toolchain_channel}\ndependencies:\n"
+            + "".join(f"  - {d}\n" for d in deps)
+            + "variables:\n  LINGBOT_GPU_KIND: b200\n"
+            "  TRITON_CACHE_DIR: ${HOME}/.triton/cache_lingbot-test_${LINGBOT_GPU_KIND}\n"
+        )
+        spec = load_spec(spec_path)
+        lock_path = spec_dir / "conda-lock.yml"
+        lock.make_lock(spec, lock_path, vpkgs=lock.VirtualPackages(cuda=""), mirrors=None,
+                       cache_dir=root / "rattler-cache", log=lambda _: None)  # fmt: skip
+        plan = install.plan(spec, spec.name, lock_path, root / "envs" / spec.name)
+        install.provision(plan, cache_dir=root / "pkgs", progress=install.Progress(enabled=False))
+        prefixes[kind] = plan.target
+    return Envs(**prefixes)
+
+
+def envcheck(runner, *args: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """bin/envcheck's module, run by `runner` (the worker simulation or plain subprocess)."""
+    argv = [*ENVCHECK, *args]
+    if runner is None:
+        return subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return runner.run(argv, env=env, cwd=REPO, timeout=timeout)
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def assert_report_shape(report: dict) -> None:
+    assert report["format"] == 1
+    for key, kind in (("prefix", str), ("env_name", str), ("worker", bool), ("fast", bool), ("node", str),
+                      ("started", str), ("seconds", float), ("ok", bool), ("failed", list), ("counts", dict),
+                      ("summary", str), ("checks", list)):  # fmt: skip
+        assert isinstance(report[key], kind), key
+    names = [c["name"] for c in report["checks"]]
+    assert len(names) == len(set(names))
+    for check in report["checks"]:
+        assert set(check) == {"name", "status", "seconds", "message", "fix", "details"}
+        assert check["status"] in STATUSES and check["seconds"] >= 0 and check["message"]
+        if check["status"] == FAIL:
+            assert check["fix"], f"{check['name']} FAILs without a fix"
+    assert report["failed"] == [c["name"] for c in report["checks"] if c["status"] == FAIL]
+    assert report["ok"] is (not report["failed"])
+    assert sum(report["counts"].values()) == len(names)
+
+
+def inside(path: str, prefix: Path) -> bool:
+    return os.path.realpath(path).startswith(os.path.realpath(prefix) + os.sep)
+
+
+# --- host only, no env needed ---------------------------------------------------------------------
+
+
+def test_missing_env_fails_with_the_provision_fix(tmp_path):
+    proc = subprocess.run([*ENVCHECK, "--prefix", str(tmp_path / "lingbot-gone"), "--json", "-"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert_report_shape(report)
+    assert report["failed"] == ["env.prefix"]
+    assert f"bin/provision lingbot-gone --prefix {tmp_path / 'lingbot-gone'}" in report["checks"][0]["fix"]
+    assert "envcheck: FAILED env.prefix" in proc.stderr.splitlines()[-1]
+
+
+def test_env_and_prefix_together_is_a_usage_error(tmp_path):
+    proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "not both" in proc.stderr
+
+
+def test_scrubbed_environment_drops_the_login_shell():
+    login = {"PATH": "/opt/gcc/bin:/usr/bin", "CC": "/usr/bin/gcc", "CPATH": "/usr/include", "HOME": "/h",
+             "USER": "u", "LANG": "en_US.UTF-8", "LD_LIBRARY_PATH": "/opt/x", "CONDA_PREFIX": "/envs/other"}
+    assert scrubbed_environment(login) == {"PATH": "/usr/bin:/bin", "HOME": "/h", "USER": "u", "LANG": "en_US.UTF-8"}
+
+
+# --- host with its system gcc: a login node ---------------------------------------------------------
+
+
+def test_login_node_gcc_does_not_fool_worker_mode(envs, tmp_path):
+    """The host has gcc and g++ in /usr/bin; the env has none. --worker must still FAIL, saying so.
+    The same run reads a mount table (--mountinfo) that puts HOME, and so TRITON_CACHE_DIR, on NFS."""
+    if not (shutil.which("gcc", path="/usr/bin:/bin") and shutil.which("g++", path="/usr/bin:/bin")):
+        pytest.skip("needs a system gcc/g++ in /usr/bin (the login-node case)")
+    home = tmp_path / "home"
+    home.mkdir()
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "20 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        f"40 20 0:50 /export/home {home} rw,relatime shared:9 - nfs4 filer:/export/home rw,vers=4.2\n"
+    )
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+           "CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    proc = envcheck(None, "--prefix", str(envs.bare), "--worker", "--fast", "--json", "-",
+                    "--mountinfo", str(table), env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert_report_shape(report)
+    checks = by_name(report)
+    for name in ("variables.CC", "variables.CXX", "compile.triton_build", "compile.inductor_cpp"):
+        assert checks[name]["status"] == FAIL, checks[name]
+    for name, real in (("compile.triton_build", "gcc"), ("compile.inductor_cpp", "g++")):
+        message = checks[name]["message"]
+        assert "system compiler" in message and "a worker has none" in message
+        found = checks[name]["details"]["compiler_path"]
+        assert found.startswith("/usr/") and real in os.path.basename(found), checks[name]["details"]
+    assert "gcc_linux-64" in checks["compile.triton_build"]["fix"]
+    assert "gxx_linux-64" in checks["compile.inductor_cpp"]["fix"]
+    fs = checks["fs.triton_cache"]
+    assert fs["status"] == WARN and fs["details"]["fstype"] == "nfs4"
+    assert "triton#11512" in fs["message"] and "pytorch#173679" in fs["message"] and "node-local" in fs["fix"]
+    assert checks["fs.inductor_cache"]["status"] == PASS  # /tmp stays on the local ext4
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert summary.startswith("envcheck: FAILED ") and "variables.CC" in summary and "compile.triton_build" in summary
+
+
+# --- inside the worker simulation ---------------------------------------------------------------------
+
+
+@pytest.mark.worker
+def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worker_env, tmp_path):
+    out = tmp_path / "report.json"
+    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--json", str(out), env=worker_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert_report_shape(report)
+    checks = by_name(report)
+    assert {"variables.CC", "variables.CXX", "compile.triton_build", "compile.inductor_cpp"} <= set(report["failed"])
+    assert "CC is not set" in checks["variables.CC"]["message"]
+    assert "CXX is not set" in checks["variables.CXX"]["message"]
+    for name, package in (("variables.CC", "gcc_linux-64"), ("variables.CXX", "gxx_linux-64"),
+                          ("compile.triton_build", "gcc_linux-64"), ("compile.inductor_cpp", "gxx_linux-64")):
+        assert f"the env lacks {package}: add it to environment.yml, relock" in checks[name]["fix"], name
+    # The errors a job would hit, verbatim.
+    assert ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable"
+            in checks["compile.triton_build"]["message"])
+    assert ("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')"
+            in checks["compile.inductor_cpp"]["message"])
+    assert checks["compile.flex_attention"]["status"] == SKIP  # same missing compiler, named
+    assert checks["node.glibc"]["status"] == FAIL and "sysroot_linux-64" in checks["node.glibc"]["fix"]
+    for name in GPU_CHECKS:  # CPU-only node: SKIP with the reason, never PASS
+        assert checks[name]["status"] == SKIP and "CPU-only node" in checks[name]["message"]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert summary.startswith("envcheck: FAILED variables.CC, variables.CXX, ") and "compile.inductor_cpp" in summary
+    assert "envcheck: compile.inductor_cpp: FAIL in" in proc.stderr  # progress goes to stderr
+
+
+@pytest.mark.worker
+@pytest.mark.slow
+def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tmp_path):
+    """The full --worker run: a non-activated job with a scrubbed environment on a compiler-less node."""
+    out = tmp_path / "report.json"
+    proc = envcheck(worker, "--prefix", str(envs.tool), "--worker", "--json", str(out), env=worker_env)
+    report = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_report_shape(report)
+    checks = by_name(report)
+    assert report["ok"] and report["worker"] and not report["fast"]
+    for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.triton_build",
+                 "compile.inductor_cpp", "compile.flex_attention", "env.lock", "node.glibc"):
+        assert checks[name]["status"] == PASS, checks[name]
+    for name in ("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention"):
+        assert inside(checks[name]["details"]["compiler_path"], envs.tool), checks[name]["details"]
+    assert checks["compile.inductor_cpp"]["details"]["kernels_with_openmp"] >= 1
+    assert checks["compile.flex_attention"]["details"]["forward_max_abs_error"] < 1e-4
+    assert all(inside(p, envs.tool) for p in checks["toolchain.sysroot"]["details"]["files"].values())
+    for name in GPU_CHECKS:
+        assert checks[name]["status"] == SKIP
+    assert proc.stdout.strip().splitlines()[-1].startswith("envcheck: OK: lingbot-test-tool")
+
+
+@pytest.mark.worker
+def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_path):
+    """Activated the way conda does it (CONDA_PREFIX, PATH, every activate.d script sourced), over a
+    login shell that had CC=/usr/bin/gcc: the env's compilers win and the preflight subset passes."""
+    out = tmp_path / "report.json"
+    script = (
+        f'export CONDA_PREFIX="{envs.tool}" PATH="{envs.tool}/bin:$PATH" CC=/usr/bin/gcc CXX=/usr/bin/g++\n'
+        f'for hook in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do . "$hook"; done\n'
+        f'exec "$@"\n'
+    )
+    argv = ["/bin/sh", "-c", script, "activate", *ENVCHECK, "--prefix", str(envs.tool), "--fast",
+            "--json", str(out)]  # fmt: skip
+    proc = worker.run(argv, env=worker_env, cwd=REPO, timeout=900)
+    report = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = by_name(report)
+    assert "activated shell" in checks["variables.file"]["message"]
+    assert checks["variables.CC"]["message"].startswith(f"CC={envs.tool}/bin/x86_64-conda-linux-gnu-cc")
+    for name in ("compile.triton_build", "compile.inductor_cpp"):
+        assert checks[name]["status"] == PASS and inside(checks[name]["details"]["compiler_path"], envs.tool)
+    assert report["fast"] and "compile.flex_attention" not in checks and "gpu.cuda" not in checks
+
+
+TRITON_CACHE_PROBE = r"""
+import sys
+from triton.runtime import build
+src = '#include <Python.h>\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "warm_probe", NULL, -1, NULL};\n' \
+      'PyMODINIT_FUNC PyInit_warm_probe(void) { return PyModule_Create(&m); }\n'
+try:
+    build.compile_module_from_src(src, "warm_probe")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+    sys.exit(1)
+print("loaded")
+"""
+
+
+@pytest.mark.worker
+def test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass(worker, envs, worker_env, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    base = scrubbed_environment({**worker_env, "HOME": str(home)})
+    bare_job, tool_job = job_environment(envs.bare, base), job_environment(envs.tool, base)
+    cache = Path(bare_job["TRITON_CACHE_DIR"])  # the real cache dir the bare env's jobs use
+    tool_job["TRITON_CACHE_DIR"] = str(cache)
+    script = tmp_path / "warm_probe.py"
+    script.write_text(TRITON_CACHE_PROBE)
+
+    # A passing run (the env with the toolchain) leaves compiled modules in that cache ...
+    warmed = worker.run([sys.executable, str(script)], env=tool_job, cwd=tmp_path, timeout=120)
+    assert warmed.stdout.strip() == "loaded", warmed.stdout + warmed.stderr
+    cached = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
+    assert any(p.name.endswith(".so") for p in cached)
+    # ... and they really do mask the missing compiler for anything that reads the cache:
+    masked = worker.run([sys.executable, str(script)], env=bare_job, cwd=tmp_path, timeout=120)
+    assert masked.stdout.strip() == "loaded", masked.stdout + masked.stderr
+    cold = worker.run([sys.executable, str(script)], env={**bare_job, "TRITON_CACHE_DIR": str(tmp_path / "cold")},
+                      cwd=tmp_path, timeout=120)  # fmt: skip
+    assert "Failed to find C compiler" in cold.stdout
+
+    out = tmp_path / "report.json"
+    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--fast", "--json", str(out),
+                    env={**worker_env, "HOME": str(home)})  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = by_name(json.loads(out.read_text()))
+    assert checks["compile.triton_build"]["status"] == FAIL
+    assert "Failed to find C compiler" in checks["compile.triton_build"]["message"]
+    assert checks["cache.triton_dir"]["message"].startswith(f"{cache} exists, writable")
+    # envcheck compiled in throwaway caches: the real one is exactly as the passing run left it.
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file()) == cached

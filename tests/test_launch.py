@@ -1,0 +1,397 @@
+"""bin/train's launcher without starting ranks: usage and preflight errors, env choice and variables,
+node-local compile caches, Slurm rendezvous, the verdict from rank records, requeue, --sbatch.
+
+`trainer.launch.main` runs in this process; where a test needs to get past preflight, torchrun is
+replaced by a recorder (the real torchrun path is covered in test_resume.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import provision.check
+import provision.nodeinfo
+from provision.check import FAIL, PASS, Check, Report
+from trainer import launch
+from trainer.config import load_config
+from trainer.launch import PreflightError, localise_compile_caches, rendezvous, resolve_env, verdict
+
+TINY = ["--set", "train.steps=4"]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for var in list(os.environ):
+        if var.startswith(("SLURM_", "LINGBOT_")) or var in ("CONDA_PREFIX", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("CONDA_ENVS_PATH", str(tmp_path / "envs"))
+    monkeypatch.setattr(launch, "gpu_count", lambda: 0)
+
+
+class FakeTorchrun:
+    """Stands in for launch.Torchrun: records what would run; every rank 'vanishes' (no records)."""
+
+    calls: list = []
+
+    def __init__(self, command, env, attempt_dir):
+        FakeTorchrun.calls.append((command, env, attempt_dir))
+        self.signals, self.stderr_tail = [], []
+
+    def wait(self):
+        return 0
+
+
+@pytest.fixture
+def fake_torchrun(monkeypatch):
+    FakeTorchrun.calls = []
+    monkeypatch.setattr(launch, "Torchrun", FakeTorchrun)
+    return FakeTorchrun
+
+
+def report(*checks: Check) -> Report:
+    return Report(
+        prefix="p", env_name="e", worker=False, fast=True, node="n", started="now", checks=list(checks)
+    )
+
+
+@pytest.fixture
+def passing_checks(monkeypatch):
+    monkeypatch.setattr(
+        provision.check, "run_checks", lambda prefix, **kw: report(Check("x", PASS, 0.0, "ok"))
+    )
+
+
+def make_prefix(path: Path, variables: str = "") -> Path:
+    """A prefix that provision.prefix.completeness accepts, with an env-vars file."""
+    (path / "bin").mkdir(parents=True)
+    (path / "bin" / "python").symlink_to(sys.executable)
+    (path / "conda-meta").mkdir()
+    manifest = {"format": 1, "complete": True, "generation": os.path.realpath(path), "files": []}
+    (path / "conda-meta" / "lingbot-provision.json").write_text(json.dumps(manifest))
+    (path / "etc" / "lingbot").mkdir(parents=True)
+    (path / "etc" / "lingbot" / "env-vars").write_text(variables)
+    return path
+
+
+def fake_checkpoint(run_dir: Path, step: int, config: dict, world_size: int = 2) -> Path:
+    path = run_dir / "checkpoints" / f"checkpoint_step_{step}"
+    path.mkdir(parents=True)
+    (path / "train_state.json").write_text(
+        json.dumps({"step": step, "world_size": world_size, "config": config})
+    )
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / "COMPLETE").write_text(json.dumps({"step": step, "files": files}))
+    return path
+
+
+def nothing_written(run_dir: Path) -> bool:
+    return not (run_dir / "checkpoints").exists() and not (run_dir / "attempts").exists()
+
+
+# --- usage and preflight errors ---------------------------------------------------------------------
+
+
+def test_unknown_config_is_a_usage_error_and_writes_nothing(tmp_path, capsys):
+    assert launch.main(["nope", "2", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "unknown config 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("train.stepz=3", "unknown key 'train.stepz'"),
+        ("train.steps=many", "bad value 'many'"),
+        ("steps", "key=value"),
+    ],
+)
+def test_bad_set_is_a_usage_error_and_writes_nothing(tmp_path, capsys, item, message):
+    assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), "--set", item]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_dir_fails_preflight_and_writes_nothing(tmp_path, capsys, fake_torchrun):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert launch.main(["furniture_train", "2", "--run-dir", str(blocker / "run"), *TINY]) == 3
+    assert "is not writable" in capsys.readouterr().err
+    assert blocker.read_text() == "" and not fake_torchrun.calls
+
+
+@pytest.mark.parametrize("how", [["--env", "nope"], ["--prefix", "{tmp}/half-env"]])
+def test_missing_or_incomplete_env_fails_preflight(tmp_path, capsys, fake_torchrun, how):
+    (tmp_path / "half-env" / "bin").mkdir(parents=True)  # exists, but provision never finished
+    run_dir = tmp_path / "run"
+    argv = ["furniture_train", "2", "--run-dir", str(run_dir), *TINY, *(a.format(tmp=tmp_path) for a in how)]
+    assert launch.main(argv) == 3
+    err = capsys.readouterr().err
+    assert "is not usable" in err and "bin/provision" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preflight_failed" and summary["exit_code"] == 3
+    assert "is not usable" in summary["reason"]
+    assert nothing_written(run_dir) and not fake_torchrun.calls
+
+
+def test_failed_env_check_stops_before_any_rank_with_its_message_and_fix(
+    tmp_path, capsys, monkeypatch, fake_torchrun
+):
+    failing = Check(
+        "compile.triton_build",
+        FAIL,
+        0.1,
+        "RuntimeError: Failed to find C compiler",
+        "provision the env: bin/provision",
+    )
+    monkeypatch.setattr(provision.check, "run_checks", lambda prefix, **kw: report(failing))
+    run_dir = tmp_path / "run"
+    prefix = make_prefix(tmp_path / "env")
+    assert (
+        launch.main(["furniture_train", "2", "--run-dir", str(run_dir), "--prefix", str(prefix), *TINY]) == 3
+    )
+    err = capsys.readouterr().err
+    assert "compile.triton_build: RuntimeError: Failed to find C compiler" in err
+    assert "fix: provision the env: bin/provision" in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preflight_failed"
+    assert nothing_written(run_dir) and not fake_torchrun.calls
+
+
+def test_incompatible_checkpoint_fails_preflight(tmp_path, capsys, passing_checks, fake_torchrun):
+    run_dir = tmp_path / "run"
+    saved = load_config("furniture_train", cpu_scale=True).to_dict()
+    saved["model"]["depth"] += 1
+    fake_checkpoint(run_dir, 2, saved)
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 3
+    assert "cannot resume from" in capsys.readouterr().err
+    assert not fake_torchrun.calls
+
+
+def test_finished_run_says_so_and_trains_nothing(tmp_path, capsys, fake_torchrun):
+    run_dir = tmp_path / "run"
+    fake_checkpoint(run_dir, 4, load_config("furniture_train", cpu_scale=True).to_dict())
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 0
+    assert "run complete" in capsys.readouterr().err
+    assert not fake_torchrun.calls
+
+
+# --- env choice and the ranks' environment ------------------------------------------------------------
+
+
+def test_without_env_args_the_tool_env_is_used_loudly(tmp_path, capsys, passing_checks, fake_torchrun):
+    run_dir = tmp_path / "run"
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 1  # fake ranks vanish
+    err = capsys.readouterr().err
+    assert f"no provisioned env found; running in the tool environment {sys.prefix}" in err
+    assert "provision one with bin/provision lingbot-b200" in err
+    ((command, env, attempt_dir),) = fake_torchrun.calls
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[command.index("--nproc-per-node") + 1] == "2"
+    assert command[command.index("-m", 3) :][:2] == ["-m", "trainer.train"]
+    assert "--cpu-scale" in command and command[-2:] == ["--set", "train.steps=4"]
+    assert env["LINGBOT_ATTEMPT_DIR"] == str(attempt_dir) and attempt_dir.parent == run_dir / "attempts"
+    assert str(launch.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "before any rank started" in summary["reason"]
+
+
+@pytest.mark.parametrize("how", ["--prefix", "CONDA_PREFIX", "default env"])
+def test_a_provisioned_env_is_used_with_its_variables_applied(
+    tmp_path, monkeypatch, passing_checks, fake_torchrun, how
+):
+    variables = "set CC ${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-cc\nset LINGBOT_GPU_KIND b200\n"
+    if how == "default env":
+        prefix = make_prefix(tmp_path / "envs" / "lingbot-b200", variables)
+        extra = []
+    else:
+        prefix = make_prefix(tmp_path / "myenv", variables)
+        extra = ["--prefix", str(prefix)] if how == "--prefix" else []
+        if how == "CONDA_PREFIX":
+            monkeypatch.setenv("CONDA_PREFIX", str(prefix))
+    monkeypatch.setenv("CC", "/usr/bin/gcc")  # the login node's compiler must not leak into the job
+    launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), *TINY, *extra])
+    ((command, env, _),) = fake_torchrun.calls
+    assert command[0] == str(prefix / "bin" / "python")
+    assert env["CC"] == f"{prefix}/bin/x86_64-conda-linux-gnu-cc"
+    assert env["CONDA_PREFIX"] == str(prefix) and env["LINGBOT_GPU_KIND"] == "b200"
+    assert env["PATH"].split(os.pathsep)[0] == str(prefix / "bin")
+
+
+def test_explicit_env_must_be_complete_even_when_the_default_is(tmp_path):
+    make_prefix(tmp_path / "envs" / "lingbot-b200")
+    with pytest.raises(PreflightError, match="is not usable"):
+        resolve_env(None, tmp_path / "missing", {})
+    # An incomplete $CONDA_PREFIX (e.g. conda's base env) falls through to the default env.
+    (tmp_path / "base").mkdir()
+    choice = resolve_env(None, None, {"CONDA_PREFIX": str(tmp_path / "base")})
+    assert choice.provisioned and choice.prefix == tmp_path / "envs" / "lingbot-b200"
+
+
+def test_tool_env_skips_only_the_provision_bookkeeping_and_says_so(monkeypatch):
+    checks = [
+        Check("env.complete", FAIL, 0, "no manifest", "provision"),
+        Check("variables.file", FAIL, 0, "no env-vars", "provision"),
+        Check("compile.*", "SKIP", 0, "not run: the env's variables cannot be read"),
+        Check("node.disk", PASS, 0, "plenty"),
+    ]
+    monkeypatch.setattr(provision.check, "run_checks", lambda prefix, **kw: report(*checks))
+    notes = launch.env_checks(launch.tool_env(), {})
+    assert any("not applicable, skipped: env.complete, variables.file" in n for n in notes)
+    assert any("envcheck skipped compile.*" in n for n in notes)
+    # The same failures on a provisioned env are real.
+    with pytest.raises(PreflightError, match="env.complete: no manifest"):
+        launch.env_checks(launch.EnvChoice(Path("/p"), Path("/p/bin/python"), provisioned=True), {})
+
+
+def test_compile_caches_on_a_network_fs_become_node_local_copies(tmp_path, monkeypatch):
+    shared = tmp_path / "nfs" / "triton"
+    (shared / "kernel").mkdir(parents=True)
+    (shared / "kernel" / "k.so").write_text("warm")
+    local_inductor = tmp_path / "local" / "inductor"
+    monkeypatch.setattr(
+        provision.nodeinfo,
+        "filesystem_type",
+        lambda p: "nfs4" if str(p).startswith(str(tmp_path / "nfs")) else "ext4",
+    )
+    env = {
+        "TRITON_CACHE_DIR": str(shared),
+        "TORCHINDUCTOR_CACHE_DIR": str(local_inductor),
+        "HOME": str(tmp_path),
+    }
+    notes = localise_compile_caches(env, tmp_path / "scratch", "job42")
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "scratch" / "lingbot-job42-triton_cache_dir")
+    assert (Path(env["TRITON_CACHE_DIR"]) / "kernel" / "k.so").read_text() == "warm"  # seeded
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(local_inductor)  # already local: untouched
+    assert len(notes) == 1 and "nfs4" in notes[0]
+
+
+# --- rendezvous, verdict, requeue, sbatch -------------------------------------------------------------
+
+
+def args_for(*argv):
+    return launch.parse_args(["furniture_train", "4", *argv])
+
+
+def test_rendezvous_comes_from_slurm_variables(tmp_path, monkeypatch):
+    slurm = {
+        "SLURM_JOB_ID": "1234",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+    }
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: the node list is parsed
+    r = rendezvous(args_for(), slurm)
+    assert (r.nnodes, r.node_rank, r.master_addr, r.master_port) == (2, 1, "gpu07", 20000 + 1234)
+    assert r.attempt == "slurm1234-0"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho gpu-a\necho gpu-b\n")
+    scontrol.chmod(0o755)
+    assert rendezvous(args_for(), {**slurm, "SLURM_RESTART_COUNT": "2"}).master_addr == "gpu-a"
+    assert rendezvous(args_for(), {**slurm, "SLURM_RESTART_COUNT": "2"}).attempt == "slurm1234-2"
+    assert rendezvous(args_for("--master-addr", "h0", "--master-port", "999"), slurm).master_addr == "h0"
+
+
+def test_rendezvous_on_one_node_and_manual_multinode():
+    r = rendezvous(args_for(), {})
+    assert (r.nnodes, r.node_rank, r.master_addr) == (1, 0, "127.0.0.1") and r.master_port > 0
+    with pytest.raises(PreflightError, match="--master-addr"):
+        rendezvous(args_for("--nnodes", "2", "--node-rank", "1"), {})
+    with pytest.raises(PreflightError, match="LINGBOT_ATTEMPT_ID"):
+        rendezvous(
+            args_for("--nnodes", "2", "--node-rank", "1", "--master-addr", "h", "--master-port", "5"), {}
+        )
+
+
+def write_records(attempt_dir: Path, *records: dict) -> None:
+    attempt_dir.mkdir(parents=True, exist_ok=True)
+    for rec in records:
+        (attempt_dir / f"rank_{rec['rank']}.json").write_text(json.dumps({"pid": 100 + rec["rank"], **rec}))
+
+
+def rank_summary(run_dir: Path, status: str, attempt: str = "att") -> None:
+    (run_dir / "summary.json").write_text(json.dumps({"status": status, "attempt": attempt, "reason": "r"}))
+
+
+def test_verdict_ignores_a_teardown_abort_once_every_rank_completed(tmp_path):
+    write_records(tmp_path / "att", {"rank": 0, "status": "completed"}, {"rank": 1, "status": "completed"})
+    rank_summary(tmp_path, "completed")
+    v = verdict(2, 2, tmp_path / "att", tmp_path, "att", -6, [])
+    assert v.status == "completed" and "teardown" in v.notes[0]
+
+
+def test_verdict_zero_exit_without_every_completion_record_is_a_failure(tmp_path):
+    write_records(tmp_path / "att", {"rank": 0, "status": "completed"}, {"rank": 1, "status": "running"})
+    rank_summary(tmp_path, "completed")
+    v = verdict(2, 2, tmp_path / "att", tmp_path, "att", 0, [])
+    assert (v.status, v.failed_rank) == ("failed", 1)
+
+
+def test_verdict_names_the_rank_with_the_real_error_not_its_peers(tmp_path):
+    write_records(
+        tmp_path / "att",
+        {"rank": 0, "status": "failed", "error": "DistBackendError: Connection closed by peer", "time": 1.0},
+        {"rank": 1, "status": "failed", "error": "ValueError: bad batch", "time": 2.0},
+    )
+    v = verdict(2, 2, tmp_path / "att", tmp_path, "att", 1, [])
+    assert (v.status, v.failed_rank, v.rank_error) == ("failed", 1, "ValueError: bad batch")
+
+
+def test_verdict_names_a_killed_rank_and_its_signal(tmp_path):
+    write_records(
+        tmp_path / "att",
+        {"rank": 0, "status": "failed", "error": "RuntimeError: Connection reset by peer", "time": 1.0},
+        {"rank": 1, "status": "running"},
+    )
+    rank_summary(tmp_path, "completed", attempt="an-older-attempt")  # not this attempt's: ignored
+    tail = ["  rank      : 1 (local_rank: 1)\n", "  exitcode  : -9 (pid: 101)\n"]
+    v = verdict(2, 2, tmp_path / "att", tmp_path, "att", 1, tail)
+    assert (v.status, v.failed_rank) == ("failed", 1)
+    assert "died without reporting an error: killed by SIGKILL" in v.rank_error
+
+
+def test_requeue_asks_scontrol(tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launch.requeue({"SLURM_JOB_ID": "77"}) == "requeued Slurm job 77"
+    assert log.read_text() == "requeue 77\n"
+
+
+def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):
+    argv = [
+        "furniture_train",
+        "4",
+        "--env",
+        "lingbot-b200",
+        "--nnodes",
+        "2",
+        "--time",
+        "12:00:00",
+        "--sbatch",
+    ]
+    assert launch.main(argv) == 0
+    script = capsys.readouterr().out
+    for directive in (
+        "--nodes=2", "--gpus-per-node=4", "--ntasks-per-node=1", "--time=12:00:00", "--signal=B:USR1@120", "--requeue"
+    ):  # fmt: skip
+        assert f"#SBATCH {directive}\n" in script
+    assert "bin/envcheck --worker --json - --env lingbot-b200" in script
+    assert "bin/train furniture_train 4 --env lingbot-b200 --run-dir" in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    if shutil.which("shellcheck"):
+        check = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
+
+    out = tmp_path / "written.sbatch"
+    assert launch.main([*argv, str(out)]) == 0
+    assert out.read_text() == script and os.access(out, os.X_OK)
