@@ -31,7 +31,7 @@ import click
 import yaml
 
 from provision import nodeinfo, probes
-from provision.envvars import env_vars_path, expand, job_environment, read_env_vars
+from provision.envvars import EnvVarsError, env_vars_path, expand, job_environment, read_env_vars
 from provision.prefix import completeness, envs_dir, read_manifest, resolve_prefix
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -221,7 +221,8 @@ class _Checker:
         try:
             status, message, fix, *rest = fn()
         except Exception as exc:  # a bug or an unexpected node state must not hide the other checks
-            status, message, fix, rest = FAIL, f"envcheck could not run this check: {type(exc).__name__}: {exc}", "", []
+            status, message, rest = FAIL, f"envcheck could not run this check: {type(exc).__name__}: {exc}", []
+            fix = "an unexpected state of the env or node (message above); if it persists, report it with --json"
         check = Check(name, status, round(time.perf_counter() - start, 3), message, fix, rest[0] if rest else {})
         self.report.checks.append(check)
         if slow and self.progress:
@@ -323,7 +324,10 @@ class _Checker:
 
     # -- variables -------------------------------------------------------------------------------
     def check_variables_file(self) -> tuple:
-        entries = read_env_vars(self.prefix)  # raises with the file and the fix
+        try:
+            entries = read_env_vars(self.prefix)
+        except (OSError, EnvVarsError) as exc:  # the message names the file
+            return FAIL, str(exc), self.provision_fix()
         caller = self.caller_env
         active = caller.get("CONDA_PREFIX")
         self.activated = (not self.worker and bool(active)
@@ -640,7 +644,11 @@ class _Checker:
 def cache_filesystem_verdict(label: str, path: str, mountinfo: str | os.PathLike[str] | None = None) -> tuple:
     """(status, message, fix, details) for a compile cache at `path`: WARN on a network filesystem.
     Also used by bin/train to decide on a node-local cache."""
-    mount = nodeinfo.mount_of(path, mountinfo)
+    try:
+        mount = nodeinfo.mount_of(path, mountinfo)
+    except (OSError, ValueError) as exc:
+        return WARN, f"cannot tell which filesystem holds {label} {path}: {exc}", \
+            "check by hand that it is on node-local disk (df -T PATH)", {"path": path}
     details = {"path": path, "mount_point": mount.mount_point, "fstype": mount.fstype, "source": mount.source}
     if nodeinfo.is_network_fs(mount.fstype):
         return WARN, (f"{label} {path} is on {mount.fstype} ({mount.source} at {mount.mount_point}): "

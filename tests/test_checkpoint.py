@@ -173,3 +173,21 @@ def test_resume_conflicts_name_what_changed():
     assert any(f"model.dim was {dim}, is now {2 * dim}" in p for p in problems)
     assert any("written by 2 ranks, this run has 4" in p for p in problems)
     assert "--run-dir" in problems[-1]
+
+
+def test_asynchronous_save_is_committed_by_the_next_save_or_finish(process_group, tmp_path):
+    model, optimizer, scheduler = make_state()
+    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a5")
+    assert ckpt.save(1, model, optimizer, scheduler, train_state={}, asynchronous=True) is None
+    params, _ = snapshot(model, optimizer)
+    train_steps(model, optimizer, scheduler, 1)  # training goes on while step 1 is written
+    assert latest_complete(tmp_path) is None  # in flight: not complete yet
+    ckpt.save(2, model, optimizer, scheduler, train_state={}, asynchronous=True)
+    assert latest_complete(tmp_path).step == 1 and ckpt.last_committed.step == 1
+    assert ckpt.finish().step == 2 and ckpt.finish() is None
+    assert [c.step for c in scan(tmp_path)[0]] == [1, 2]
+
+    other_model, other_optimizer, other_scheduler = make_state(seed=1)
+    ckpt.load(scan(tmp_path)[0][0], other_model, other_optimizer, other_scheduler)
+    got, _ = snapshot(other_model, other_optimizer)
+    assert all(torch.equal(params[k], got[k]) for k in params)  # step 1's weights, not later ones

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import install, lock
+from provision import install, lock, probes
 from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
 from provision.envvars import job_environment
 from provision.spec import load_spec
@@ -118,6 +118,26 @@ def test_scrubbed_environment_drops_the_login_shell():
     login = {"PATH": "/opt/gcc/bin:/usr/bin", "CC": "/usr/bin/gcc", "CPATH": "/usr/include", "HOME": "/h",
              "USER": "u", "LANG": "en_US.UTF-8", "LD_LIBRARY_PATH": "/opt/x", "CONDA_PREFIX": "/envs/other"}
     assert scrubbed_environment(login) == {"PATH": "/usr/bin:/bin", "HOME": "/h", "USER": "u", "LANG": "en_US.UTF-8"}
+
+
+def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
+    """Whatever cache dirs the job's environment names, a probe sees fresh empty ones (and a private
+    TMPDIR, where Inductor keeps precompiled headers), gone after it ran."""
+    warm = {name: tmp_path / name for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR")}
+    for path in warm.values():
+        path.mkdir()
+        (path / "cached-kernel.so").write_bytes(b"warm")
+    script = (
+        "import json, os\n"
+        "names = ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR', 'TMPDIR')\n"
+        "print('ENVCHECK_RESULT=' + json.dumps({'ok': True, 'dirs': {n: os.environ[n] for n in names},\n"
+        "      'contents': {n: os.listdir(os.environ[n]) for n in names}}))\n"
+    )
+    run = probes.run_probe("caches", script, sys.executable, {**os.environ, **{k: str(v) for k, v in warm.items()}})
+    assert run.ok, run.stderr
+    for name, path in run.result["dirs"].items():
+        assert path != str(warm[name]) and run.result["contents"][name] == []
+        assert not os.path.exists(path)
 
 
 # --- host with its system gcc: a login node ---------------------------------------------------------

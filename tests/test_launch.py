@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -395,3 +396,36 @@ def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):
     out = tmp_path / "written.sbatch"
     assert launch.main([*argv, str(out)]) == 0
     assert out.read_text() == script and os.access(out, os.X_OK)
+
+
+def test_a_stop_signal_during_preflight_stops_before_any_rank(tmp_path, monkeypatch, fake_torchrun):
+    def checks_then_signal(prefix, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # Slurm's warning arriving while the preflight runs
+        return report(Check("x", PASS, 0.0, "ok"))
+
+    monkeypatch.setattr(provision.check, "run_checks", checks_then_signal)
+    run_dir = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM)
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 75
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and "before any rank started" in summary["reason"]
+    assert nothing_written(run_dir) and not fake_torchrun.calls
+    assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handlers are gone again
+
+
+def test_torchrun_error_files_name_the_global_rank(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    attempt = tmp_path / "att"
+    error_file = attempt / "node1" / "att" / "attempt_0" / "0" / "error.json"  # node 1, local rank 0
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    try:
+        raise ValueError("bad episode file")
+    except ValueError as exc:
+        ErrorHandler().record_exception(exc)
+    found = launch.torchrun_error_files(attempt, nproc=2)
+    assert list(found) == [2] and "bad episode file" in found[2]["error"]
+    # A rank that failed before writing its own record is still named, with its error.
+    v = verdict(4, 2, attempt, tmp_path, "att", 1, [])
+    assert (v.status, v.failed_rank) == ("failed", 2) and "bad episode file" in v.reason

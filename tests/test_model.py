@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from trainer.attention import BoundAttention
 from trainer.config import RunConfig, apply_overrides
 from trainer.data import build_stream

@@ -170,13 +170,13 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
     assert complete_steps(run_dir) == [2, 3]
     assert not list((run_dir / "checkpoints").glob("*.tmp-*"))  # the dead partial one was cleaned up
 
-    # 2. Resume; SIGTERM (twice) while rank 0 is writing checkpoint 4, before it is committed.
+    # 2. Resume; SIGUSR1 then SIGTERM while rank 0 is writing checkpoint 4, before it is committed.
     pause = tmp_path / "pause2"
     proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "checkpoint:4"))
     wait_for(pause, "reached", proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@120, as forwarded by the batch script
     wait_for(run_dir, "attempts/*/stop", proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # a second signal during the save changes nothing
     (pause / "release").touch()
     rc, out = finish(proc)
     assert rc == 75, out

@@ -265,6 +265,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
+@pytest.mark.slow
 def test_phases_add_up_to_the_measured_step(ranks):
     for result in ranks:
         for record in result["steps"]:
@@ -286,6 +287,7 @@ def test_phases_add_up_to_the_measured_step(ranks):
         )
 
 
+@pytest.mark.slow
 def test_grad_comm_only_on_micro_steps_that_sync(ranks):
     for result in ranks:
         for record in result["micro"]:
@@ -296,6 +298,7 @@ def test_grad_comm_only_on_micro_steps_that_sync(ranks):
             assert record["calls"]["param_comm"] > 0 and record["param_comm_s"] > 0
 
 
+@pytest.mark.slow
 def test_reduce_scatter_once_per_step_with_sync_last(ranks):
     for result in ranks:
         per_sync = {r["calls"]["grad_comm"] for r in result["micro"] if r["sync"]}

@@ -166,6 +166,9 @@ class Checkpointer:
         self.world_size = world_size
         self.attempt = attempt
         self.export_safetensors = export_safetensors
+        self.last_committed: CheckpointInfo | None = None
+        self._pending: tuple | None = None
+        self._async_group = None
 
     def save(
         self,
@@ -176,7 +179,11 @@ class Checkpointer:
         *,
         train_state: dict,
         before_commit: Callable[[], None] | None = None,
-    ) -> CheckpointInfo:
+        asynchronous: bool = False,
+    ) -> CheckpointInfo | None:
+        """Collective. Returns the committed checkpoint; with asynchronous=True DCP writes from a
+        background thread and the checkpoint is committed by the next save() or finish() (returns None)."""
+        self.finish()  # at most one save in flight: commit the previous one first
         final = checkpoint_dir(self.root, step)
         tmp = final.with_name(f"{final.name}.tmp-{self.attempt}")
         if self.rank == 0:
@@ -185,13 +192,30 @@ class Checkpointer:
             tmp.mkdir()
         dist.barrier()
 
-        dcp.save({"train": TrainState(model, optimizer, scheduler)}, checkpoint_id=tmp)
+        state = {"train": TrainState(model, optimizer, scheduler)}
+        future = None
+        if asynchronous:
+            # Its own gloo group: the background thread's collectives must not interleave with training's.
+            self._async_group = self._async_group or dist.new_group(backend="gloo")
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+        else:
+            dcp.save(state, checkpoint_id=tmp)
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         if self.export_safetensors:
             self._export_safetensors(model, tmp / SAFETENSORS)
         if self.rank == 0:
             state = {**train_state, "step": step, "world_size": self.world_size}
             (tmp / TRAIN_STATE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        self._pending = (step, tmp, final, future, before_commit)
+        return None if asynchronous else self.finish()
+
+    def finish(self) -> CheckpointInfo | None:
+        """Commit the save in flight, if any (collective); returns it."""
+        if self._pending is None:
+            return None
+        (step, tmp, final, future, before_commit), self._pending = self._pending, None
+        if future is not None:
+            future.result()  # this rank's DCP files are written
         if before_commit is not None:
             before_commit()
         dist.barrier()  # every rank's files are written
@@ -200,7 +224,8 @@ class Checkpointer:
             self._commit(tmp, final, step)
             self._prune(keep_step=step)
         dist.barrier()  # nobody goes on (or exits) before the checkpoint is in place
-        return CheckpointInfo(step, final)
+        self.last_committed = CheckpointInfo(step, final)
+        return self.last_committed
 
     def _commit(self, tmp: Path, final: Path, step: int) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -48,6 +48,7 @@ class DataConfig:
     camera: str = "color_image2"  # color_image1 = wrist, color_image2 = front
     frames: int = 8  # video frames per sample (clip length)
     frames_per_chunk: int = 2  # frames per interleaved video/action chunk
+    actions_per_frame: int = 2  # 10 Hz actions, one video latent frame every 2 actions
     chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
     window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
     window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step

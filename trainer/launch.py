@@ -360,6 +360,9 @@ class Torchrun:
         self.stop_file = attempt_dir / "stop"
         self.signals: list[str] = []
         self.stderr_tail: deque[str] = deque(maxlen=400)
+        self.proc: subprocess.Popen | None = None
+        for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
+            signal.signal(sig, self.request_stop)
         self.proc = subprocess.Popen(
             command, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
             start_new_session=True, preexec_fn=_die_with_parent,
@@ -395,6 +398,8 @@ class Torchrun:
     def rank_pids(self) -> list[int]:
         import psutil
 
+        if self.proc is None:  # not started yet: the stop file alone tells the ranks
+            return []
         try:
             children = psutil.Process(self.proc.pid).children()
         except psutil.Error:
@@ -409,14 +414,19 @@ class Torchrun:
         return pids
 
     def wait(self) -> int:
-        previous = {sig: signal.signal(sig, self.request_stop) for sig in FORWARDED_SIGNALS}
-        try:
-            rc = self.proc.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        rc = self.proc.wait()
+        for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
+            signal.signal(sig, _too_late)
         self._pump.join(timeout=10)
         return rc
+
+
+def _too_late(signum, frame) -> None:
+    say(f"received {signal.Signals(signum).name} after the ranks exited: finishing the summary")
+
+
+class StopBeforeStart(Exception):
+    """A stop signal that arrived before torchrun started: nothing trained, nothing to save."""
 
 
 # --- the verdict -----------------------------------------------------------------------------------
@@ -596,6 +606,34 @@ def _ckpt_json(info) -> dict:
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
+    known: dict = {}  # run_dir and cfg, once resolved: for the summary of an early stop
+
+    def stop_before_start(signum, frame):
+        raise StopBeforeStart(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop_before_start) for sig in FORWARDED_SIGNALS}
+    try:
+        return _main(args, started, known)
+    except StopBeforeStart as exc:
+        say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED})")
+        if "cfg" in known and known["run_dir"].is_dir():
+            summaries.write_summary(
+                known["run_dir"],
+                summaries.make_summary(
+                    summaries.PREEMPTED,
+                    steps_requested=known["cfg"].train.steps,
+                    reason=f"received {exc} before any rank started",
+                    wall_time_s=time.perf_counter() - started,
+                    config=known["cfg"].name,
+                ),
+            )
+        return EXIT_PREEMPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _main(args: argparse.Namespace, started: float, known: dict) -> int:
     environ = dict(os.environ)
     gpus = 0 if args.sbatch is not None else gpu_count()
     # On a machine without a GPU the config's cpu_scale block applies unless asked otherwise.
@@ -614,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     elif cpu_scale:
         say(f"--cpu-scale: running the cpu_scale variant of {config_file}")
     run_dir = (args.run_dir or default_run_dir(args.config)).absolute()
+    known.update(run_dir=run_dir, cfg=cfg)
 
     # A finished run stays finished: say so, train nothing.
     complete, _ = scan(run_dir / "checkpoints")

@@ -241,18 +241,24 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
         due = step % cfg.checkpoint.every == 0 or step == total_steps
         if due or stopping:
             with breakdown.phase("checkpoint"):
-                last_ckpt = checkpointer.save(
+                # Asynchronous only mid-run: a stop or the last step must be on disk before we exit.
+                checkpointer.save(
                     step,
                     model,
                     optimizer,
                     scheduler,
                     train_state={"config": cfg.to_dict(), "losses": losses},
                     before_commit=lambda s=step: pause_point("checkpoint", s, rank),
+                    asynchronous=cfg.checkpoint.async_save and not stopping and step < total_steps,
                 )
-            if not stopping:  # a signal that arrived during the save stops us here, already saved
+            last_ckpt = checkpointer.last_committed or latest
+            if not stopping:  # a signal that arrived during the save stops us here
                 flag = torch.tensor(float(stop.local), device=device)
                 dist.all_reduce(flag)
                 stopping = flag.item() > 0
+                if stopping and step < total_steps:
+                    checkpointer.finish()  # commit an asynchronous save before stopping on it
+                    last_ckpt = checkpointer.last_committed
 
         timing = breakdown.end_step()
         timings.append(timing)
@@ -291,6 +297,8 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
 
     profiler.close()
     utilisation.close()
+    if checkpointer.finish() is not None:  # an asynchronous save still in flight
+        last_ckpt = checkpointer.last_committed
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
         steady = timings[1:] or timings  # the first step of an attempt pays for warm-up
