@@ -143,14 +143,6 @@ def mask_density(shape: SequenceShape, batch_size: int, frames_per_chunk: int, w
     return float(allowed.sum()) / layout.length
 
 
-DEFAULT_ACTIONS_PER_FRAME = 2  # 10 Hz actions, video frames every 2 steps (LingBot-VA: several per latent frame)
-
-
-def actions_per_frame(cfg) -> int:
-    # not a RunConfig field yet (requested as data.actions_per_frame); the default lives here meanwhile
-    return int(getattr(cfg.data, "actions_per_frame", DEFAULT_ACTIONS_PER_FRAME))
-
-
 def sequence_shape(cfg) -> SequenceShape:
     side = cfg.model.latent_size // cfg.model.patch
-    return SequenceShape(frames=cfg.data.frames, tokens_per_frame=side * side, actions_per_frame=actions_per_frame(cfg))
+    return SequenceShape(frames=cfg.data.frames, tokens_per_frame=side * side, actions_per_frame=cfg.data.actions_per_frame)

@@ -28,7 +28,7 @@ from trainer.data.furniturebench import DatasetError, episode_files
 from trainer.data.generate import generate_dataset
 from trainer.data.normalize import QuantileNormalizer
 from trainer.losses import sample_sigmas
-from trainer.masks import SequenceShape, actions_per_frame, sequence_shape
+from trainer.masks import SequenceShape, sequence_shape
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOISY_HISTORY_SIGMA = (0.0, 0.5)  # range of the noise put on clean history when augmenting
@@ -108,7 +108,7 @@ class BatchStream:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.shape: SequenceShape = sequence_shape(cfg)
-        self.apf = actions_per_frame(cfg)
+        self.apf = cfg.data.actions_per_frame
         self.batch_size, self.grad_accum, self.seed = cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seed
         frames, span = cfg.data.frames, cfg.data.frames * self.apf
 
