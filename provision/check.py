@@ -763,4 +763,4 @@ def main(env_name, prefix, worker, json_out, simulate_worker, fast, lockfile, mo
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="bin/envcheck")

@@ -69,7 +69,12 @@ try:
 except Exception as exc:
     emit(ok=False, stage="import", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 try:
-    cc = build._find_compiler("c")
+    if hasattr(build, "_find_compiler"):  # triton >= 3.5
+        cc = build._find_compiler("c")
+    else:  # older tritons pick the compiler inside _build, raising the same error there
+        cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+        if cc is None:
+            raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
 except Exception as exc:  # the real "Failed to find C compiler" when CC is unset and PATH has none
     emit(ok=False, stage="find", error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
 real = located(cc, os.environ.get("PATH", ""))
@@ -89,7 +94,17 @@ PyMODINIT_FUNC PyInit_envcheck_triton_probe(void) { return PyModule_Create(&modu
 ''' % args["nonce"]
 start = time.perf_counter()
 try:
-    mod = build.compile_module_from_src(src, "envcheck_triton_probe")
+    if hasattr(build, "compile_module_from_src"):
+        mod = build.compile_module_from_src(src, "envcheck_triton_probe")
+    else:  # older tritons: the same _build their drivers call, then an import of the result
+        import importlib.util, tempfile
+        tmp = tempfile.mkdtemp()
+        with open(os.path.join(tmp, "envcheck_triton_probe.c"), "w") as f:
+            f.write(src)
+        so = build._build("envcheck_triton_probe", f.name, tmp, [], [], [])
+        spec = importlib.util.spec_from_file_location("envcheck_triton_probe", so)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
     value = mod.add(2, 40)
 except Exception as exc:
     emit(ok=False, stage="compile", compiler=cc, compiler_path=real, error=error_text(exc), error_detail=error_detail(exc)); sys.exit(0)
