@@ -155,19 +155,16 @@ class TrainingRig:
     def __init__(self, cfg, rank: int, world: int, device):
         import torch
 
-        try:
-            from trainer.data import build_stream
-            from trainer.model import WorldModel
-            from trainer.parallel import set_grad_sync, shard_model
+        from trainer.data import build_stream
+        from trainer.model import WorldModel
+        from trainer.parallel import set_grad_sync, shard_model
 
-            self.model_name = "trainer.model.WorldModel"
-        except ImportError:  # only while trainer/model.py is being written
-            from trainer._dev_model import WorldModel, build_stream, set_grad_sync, shard_model
-
-            self.model_name = "trainer._dev_model stand-in (trainer.model missing)"
+        self.model_name = "trainer.model.WorldModel"
         from trainer.timing import StepBreakdown, install_comm_timing
 
         self.cfg, self.device, self.set_grad_sync = cfg, device, set_grad_sync
+        # shard as the FSDP2 default (reshard after forward); step() toggles keep_unsharded per variant
+        cfg.train.keep_params_gathered = False
         torch.manual_seed(cfg.train.seed)
         self.model = shard_model(WorldModel(cfg), cfg, device)
         self.optimizer = torch.optim.AdamW(

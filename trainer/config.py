@@ -68,6 +68,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     grad_sync: str = "last"  # last: reduce-scatter on the last micro-step only | every
+    keep_params_gathered: bool = True  # no re-all-gather between micro-steps (FSDP2 reshard_after_* False)
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
 

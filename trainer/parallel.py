@@ -1,11 +1,15 @@
 """FSDP2 for the world model: fully_shard per block and the root, mixed precision, activation checkpointing.
 
     model = shard_model(WorldModel(cfg), cfg, device)   # needs torch.distributed initialised (torchrun)
-    set_grad_sync(model, micro == grad_accum - 1)       # grad_sync=last: reduce-scatter on the last micro-step
+    prepare_micro_step(model, cfg, micro)                # before each micro-step's forward
     norm = clip_grad_norm(model, cfg.train.grad_clip)
 
 Mixed precision (train.mixed_precision): auto = bf16 params / fp32 gradient reduction on CUDA, fp32 on
 CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way.
+Gradient accumulation (bench/bench_grad_accum.py chose the defaults): gradients are reduce-scattered on
+the last micro-step only (train.grad_sync=last), and with train.keep_params_gathered the parameters stay
+all-gathered from the first forward to the last backward of a step (one all-gather pass per step instead
+of two per micro-step, for one unsharded copy of the parameters per rank).
 Activation checkpointing wraps each block (non-reentrant) before sharding, as torchtitan does.
 """
 
@@ -41,8 +45,9 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
         apply_activation_checkpointing(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision_policy(cfg, device)
+    keep_gathered = cfg.train.keep_params_gathered
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
     # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
@@ -52,6 +57,14 @@ def set_grad_sync(model: nn.Module, enabled: bool) -> None:
     """Reduce-scatter gradients in this backward (True) or accumulate them unsharded locally (False)."""
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
+
+
+def prepare_micro_step(model: nn.Module, cfg, micro: int) -> None:
+    """Set this micro-step's gradient sync and, with keep_params_gathered, whether backward reshards."""
+    last = micro == cfg.train.grad_accum - 1
+    set_grad_sync(model, last or cfg.train.grad_sync == "every")
+    if cfg.train.keep_params_gathered and isinstance(model, FSDPModule):
+        model.set_reshard_after_backward(last)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
