@@ -38,7 +38,7 @@ from trainer.config import load_config, parse_set
 from trainer.data import build_stream
 from trainer.metrics import Metrics, memory_gib
 from trainer.model import WorldModel
-from trainer.parallel import clip_grad_norm, set_grad_sync, shard_model
+from trainer.parallel import clip_grad_norm, prepare_micro_step, shard_model
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
@@ -189,7 +189,7 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
         metrics.info(f"fresh start: {why_fresh}")
     metrics.info(
         f"{cfg.name}: {total_steps} steps x {grad_accum} micro-batches x {world_size} ranks on {device}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params (sharded view), grad_sync={cfg.train.grad_sync}"
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params (sharded view), grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}"
     )
 
     breakdown = StepBreakdown(device)
@@ -210,8 +210,8 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
         latent_sum = torch.zeros((), device=device)
         action_sum = torch.zeros((), device=device)
         for micro in range(grad_accum):
-            # Reduce-scatter gradients on the last micro-batch only (or on every one, if asked).
-            set_grad_sync(model, cfg.train.grad_sync == "every" or micro == grad_accum - 1)
+            # Reduce-scatter on the last micro-batch only (or every one, if asked); params stay gathered.
+            prepare_micro_step(model, cfg, micro)
             with breakdown.phase("data"):
                 batch = stream.micro_batch(step, micro)
             with breakdown.phase("h2d"):
