@@ -196,13 +196,14 @@ def _read_lock(path: Path, platform_name: str) -> _Lock:
 class _Checker:
     def __init__(self, prefix: Path, *, worker: bool, fast: bool, env: Mapping[str, str],
                  lockfile: Path | None, mountinfo: str | None, progress: Callable[[str], None] | None,
-                 chosen_by: str):
+                 chosen_by: str, compile_as_caller: bool = False):
         self.prefix = prefix
         self.name = env_name_of(prefix)
         self.worker, self.fast, self.caller_env = worker, fast, dict(env)
         self.mountinfo = mountinfo
         self.progress = progress
         self.chosen_by = chosen_by
+        self.compile_as_caller = compile_as_caller
         self.manifest: dict = {}
         self.lockfile = lockfile
         self.lock: _Lock | None = None
@@ -600,6 +601,10 @@ class _Checker:
         self.load_lock()
         self.run("env.lock", self.check_lock)
         vars_ok = self.run("variables.file", self.check_variables_file).status != FAIL or self.job_env is not None
+        if not vars_ok and self.compile_as_caller and not self.worker:
+            # A plain python environment (bin/train's tool-env fallback) promises no variables: still
+            # compile for real, with the caller's environment, so a missing compiler shows up here.
+            self.job_env, vars_ok = dict(self.caller_env), True
         if not vars_ok:
             for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.*"):
                 self.skip(name, "not run: the env's variables cannot be read (see variables.file)")
@@ -679,16 +684,19 @@ def _same_version(have: str, locked: str) -> bool:
 
 def run_checks(prefix: Path, *, worker: bool, fast: bool = False, env: Mapping[str, str] | None = None,
                lockfile: Path | None = None, mountinfo: str | os.PathLike[str] | None = None,
-               progress: Callable[[str], None] | None = None, chosen_by: str = "given") -> Report:
+               progress: Callable[[str], None] | None = None, chosen_by: str = "given",
+               compile_as_caller: bool = False) -> Report:
     """Check the env at `prefix` as a job on this node would use it; see the module docstring.
 
     `env` is the caller's environment (default os.environ); `fast` is bin/train's preflight subset
     (variables, the Triton C build and one small Inductor kernel, caches, filesystems, node);
-    `mountinfo` replaces /proc/self/mountinfo (tests); `progress` receives lines for the slow checks."""
+    `mountinfo` replaces /proc/self/mountinfo (tests); `progress` receives lines for the slow checks;
+    `compile_as_caller`: for a prefix that is no provisioned env (bin/train's tool-env fallback), run the
+    compile checks with the caller's environment instead of skipping them (never under --worker)."""
     checker = _Checker(Path(prefix), worker=worker, fast=fast, env=os.environ if env is None else env,
                        lockfile=Path(lockfile) if lockfile else None,
                        mountinfo=os.fspath(mountinfo) if mountinfo is not None else None,
-                       progress=progress, chosen_by=chosen_by)
+                       progress=progress, chosen_by=chosen_by, compile_as_caller=compile_as_caller)
     return checker.run_all()
 
 

@@ -93,4 +93,4 @@ def _report(summary: dict, as_json: bool, line: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="bin/provision")

@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -389,10 +390,9 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
         previous = os.path.realpath(target) if target.is_symlink() else None
         _clean_stale(target, previous, progress)
 
-        gen = generations_dir(target) / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}"
+        # A fresh name every time: reusing one (same second, same state) could delete the live generation.
+        gen = generations_dir(target) / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}-{secrets.token_hex(4)}"
         gen.parent.mkdir(parents=True, exist_ok=True)
-        if gen.exists():
-            shutil.rmtree(gen)
         progress(f"building {target} as {gen.name} from {p.lock_path.name} ({p.platform})")
         try:
             records = locked_records(p, mirror, cache_dir / "downloads", progress)

@@ -42,6 +42,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
+
 from trainer import summary as summaries
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
@@ -226,7 +228,7 @@ def check_run_dir(run_dir: Path) -> None:
 # Checks of a provisioned env's own bookkeeping (manifest, lock, variables file, sysroot): they cannot
 # apply to the tool environment, which bin/provision did not make.
 TOOL_ENV_NOT_APPLICABLE = frozenset(
-    {"env.complete", "env.lock", "variables.file", "toolchain.sysroot", "node.glibc"}
+    {"env.complete", "env.lock", "variables.file", "variables.CC", "variables.CXX", "toolchain.sysroot", "node.glibc"}
 )
 
 
@@ -234,7 +236,7 @@ def env_checks(choice: EnvChoice, env: dict[str, str]) -> list[str]:
     """bin/envcheck's fast subset (compilers, caches, node); returns notes, raises PreflightError on a FAIL."""
     from provision.check import FAIL, SKIP, WARN, run_checks
 
-    report = run_checks(choice.prefix, worker=False, fast=True, env=env)
+    report = run_checks(choice.prefix, worker=False, fast=True, env=env, compile_as_caller=not choice.provisioned)
     notes, failures, not_applicable, skipped = [], [], [], []  # skipped: Check objects
     for check in report.checks:
         if check.status == FAIL and not choice.provisioned and check.name in TOOL_ENV_NOT_APPLICABLE:
@@ -396,8 +398,6 @@ class Torchrun:
             say(f"received {name} again: the stop is already under way")
 
     def rank_pids(self) -> list[int]:
-        import psutil
-
         if self.proc is None:  # not started yet: the stop file alone tells the ranks
             return []
         try:
