@@ -1,5 +1,6 @@
-"""FSDP2 on 2 gloo ranks: reduce-scatter every micro-step vs only the last give the same loss curve,
-and both match one unsharded process that sees both ranks' micro-batches."""
+"""FSDP2 on 2 gloo ranks: reduce-scatter every micro-step vs only the last, with parameters resharded
+between micro-steps or kept gathered, all give the same loss curve, and match one unsharded process that
+sees both ranks' micro-batches."""
 
 import json
 import os
@@ -13,7 +14,13 @@ from trainer.config import RunConfig, apply_overrides
 from trainer.data import build_stream
 from trainer.data.generate import generate_dataset
 from trainer.model import WorldModel
-from trainer.parallel import clip_grad_norm, mixed_precision_policy, set_grad_sync, shard_model
+from trainer.parallel import (
+    clip_grad_norm,
+    mixed_precision_policy,
+    prepare_micro_step,
+    set_grad_sync,
+    shard_model,
+)
 
 WORLD, STEPS, ACCUM = 2, 3, 3
 # The variants differ only in float summation order (local sum then reduce vs reduce then sum):
@@ -32,14 +39,18 @@ def small_cfg(path):
     return cfg
 
 
-def train(model, streams, cfg, grad_sync, divide):
-    """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream."""
+def train(model, streams, cfg, grad_sync, divide, sharded=False):
+    """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream.
+    `sharded`: set sync/reshard per micro-step with prepare_micro_step, as trainer/train.py does."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     curves = [[] for _ in streams]
     for step in range(STEPS):
         totals = [0.0 for _ in streams]
         for micro in range(ACCUM):
-            set_grad_sync(model, grad_sync == "every" or micro == ACCUM - 1)
+            if sharded:
+                prepare_micro_step(model, cfg, micro)
+            else:
+                set_grad_sync(model, grad_sync == "every" or micro == ACCUM - 1)
             for i, stream in enumerate(streams):
                 out = model(stream.micro_batch(step, micro))
                 (out["loss"] / divide).backward()
@@ -59,13 +70,15 @@ def _rank_main(rank, init_file, data_path, out_dir):
     stream = build_stream(cfg, rank, WORLD)
     result = {}
     for grad_sync in ("every", "last"):
-        torch.manual_seed(0)
-        model = shard_model(WorldModel(cfg), cfg, torch.device("cpu"))
-        # FSDP averages gradients over ranks, so each rank divides by ACCUM only
-        (curve,) = train(model, [stream], cfg, grad_sync, divide=ACCUM)
-        gathered = [None] * WORLD
-        dist.all_gather_object(gathered, curve)
-        result[grad_sync] = gathered
+        for keep in (False, True):
+            cfg.train.grad_sync, cfg.train.keep_params_gathered = grad_sync, keep
+            torch.manual_seed(0)
+            model = shard_model(WorldModel(cfg), cfg, torch.device("cpu"))
+            # FSDP averages gradients over ranks, so each rank divides by ACCUM only
+            (curve,) = train(model, [stream], cfg, grad_sync, divide=ACCUM, sharded=True)
+            gathered = [None] * WORLD
+            dist.all_gather_object(gathered, curve)
+            result[f"{grad_sync}-{'kept' if keep else 'resharded'}"] = gathered
     if rank == 0:
         (out_dir / "losses.json").write_text(json.dumps(result))
     dist.barrier()
@@ -91,13 +104,17 @@ def test_grad_sync_last_equals_every_and_unsharded(tmp_path, data_path):
     torch.manual_seed(0)
     reference = train(WorldModel(cfg), [build_stream(cfg, r, WORLD) for r in range(WORLD)], cfg, "every",
                       divide=ACCUM * WORLD)
+    assert len(result) == 4
     for rank in range(WORLD):
-        every, last = result["every"][rank], result["last"][rank]
+        every = result["every-resharded"][rank]
         assert len(every) == STEPS
-        torch.testing.assert_close(torch.tensor(last), torch.tensor(every), rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(torch.tensor(every), torch.tensor(reference[rank]), rtol=RTOL, atol=ATOL)
-    assert result["every"][0] != result["every"][1]  # the ranks saw different data
-    assert result["every"][0][-1] < result["every"][0][0]  # and it trained
+        for variant, curves in result.items():
+            torch.testing.assert_close(torch.tensor(curves[rank]), torch.tensor(every), rtol=RTOL, atol=ATOL,
+                                       msg=lambda m, v=variant: f"{v}: {m}")
+    every = result["every-resharded"]
+    assert every[0] != every[1]  # the ranks saw different data
+    assert every[0][-1] < every[0][0]  # and it trained
 
 
 def test_mixed_precision_policy_per_device():
