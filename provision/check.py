@@ -31,6 +31,7 @@ import click
 import yaml
 
 from provision import nodeinfo, probes
+from provision.atomic import write_atomic
 from provision.envvars import EnvVarsError, env_vars_path, expand, job_environment, read_env_vars
 from provision.prefix import completeness, envs_dir, read_manifest, resolve_prefix
 
@@ -705,14 +706,7 @@ def run_checks(prefix: Path, *, worker: bool, fast: bool = False, env: Mapping[s
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
 
 
 def _simulate(params: dict) -> int:

@@ -7,10 +7,10 @@ lives in $PREFIX/etc/lingbot/env-vars, so the hooks, bin/envcheck and bin/train 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from provision.atomic import write_atomic
 from provision.envvars import ENV_VARS_RELPATH, EnvVar, format_env_vars
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -41,8 +41,6 @@ def write_env_files(prefix: Path, entries: Iterable[EnvVar], source: str) -> lis
     for rel, text in contents.items():
         path = prefix / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
         written.append(rel)
     return written

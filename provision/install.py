@@ -39,6 +39,7 @@ from pathlib import Path
 
 from provision import hooks
 from provision import prefix as prefixes
+from provision.atomic import fsync_dir, write_json_atomic
 from provision.envvars import EnvVar, format_env_vars
 from provision.lock import LockError, LockHeader, check_lock, current_platform, run_async
 from provision.spec import EnvSpec, check_env_name
@@ -325,21 +326,7 @@ def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(seconds, 3),
     }
-    path = prefixes.manifest_path(gen)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_json_atomic(prefixes.manifest_path(gen), manifest, indent=1, sort_keys=False)
 
 
 def generations_dir(target: Path) -> Path:
@@ -400,7 +387,7 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
             hooks.write_env_files(gen, p.entries, str(p.spec.path))
             pip = _pip_install(p, gen, pip_entries(p), pip_index, pip_find_links, progress)
             _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
-            _fsync_dir(gen / "conda-meta")
+            fsync_dir(gen / "conda-meta")
             if before_swap is not None:
                 before_swap(gen)
         except BaseException:
@@ -411,7 +398,7 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
         link.unlink(missing_ok=True)
         link.symlink_to(os.path.relpath(gen, target.parent))
         os.replace(link, target)  # the atomic switch
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         if previous and previous != os.path.realpath(gen) and Path(previous).parent == gen.parent.resolve():
             shutil.rmtree(previous, ignore_errors=True)
         ok, reason = prefixes.completeness(target)

@@ -40,6 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from provision.atomic import fsync_dir
+
 MARKER = "COMPLETE"
 TRAIN_STATE = "train_state.json"
 SAFETENSORS = "model.safetensors"
@@ -131,14 +133,6 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -233,13 +227,13 @@ class Checkpointer:
             json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # a leftover under the final name (not ours): move it aside, then replace
             aside = final.with_name(f"{final.name}.old-{self.attempt}")
             os.replace(final, aside)
             _remove(aside)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def _prune(self, keep_step: int) -> None:
         """Keep the newest `keep` complete checkpoints; drop stale partial ones from dead attempts."""

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
 
+from provision.atomic import write_atomic
 from trainer import summary as summaries
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
@@ -805,10 +806,7 @@ def write_sbatch(args: argparse.Namespace) -> int:
         sys.stdout.write(script)
         return EXIT_OK
     path = Path(args.sbatch)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(script)
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    write_atomic(path, script, mode=0o755)
     say(f"wrote {path}; submit it with: sbatch {path}")
     return EXIT_OK
 

@@ -9,10 +9,10 @@ directory, fsynced and renamed, so a reader sees the old summary or the new one,
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
+
+from provision.atomic import write_json_atomic
 
 SUMMARY_NAME = "summary.json"
 
@@ -42,19 +42,7 @@ def summary_path(run_dir: Path) -> Path:
 
 def atomic_write_json(path: Path, data: dict) -> None:
     """Write `data` as JSON to `path` so that readers never see a partial file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; summaries are for everyone who can read the run dir
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, data)
 
 
 def read_summary(run_dir: Path) -> dict | None:

@@ -16,12 +16,13 @@ Recorded at 10 Hz. The directory layout is <root>/<furniture>/<n>.pkl.
 
 from __future__ import annotations
 
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from provision.atomic import write_atomic
 
 CAMERAS = ("color_image1", "color_image2")  # wrist, front
 IMAGE_SHAPE = (224, 224, 3)
@@ -157,11 +158,7 @@ def read_episode(path: Path, cameras=CAMERAS) -> Episode:
 
 def write_episode(path: Path, data: dict) -> None:
     """Pickle one episode dict; written to a temporary name and renamed, so a kill leaves no half file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    write_atomic(path, pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def episode_files(root: Path, furniture: str) -> list[Path]:
