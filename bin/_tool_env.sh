@@ -3,6 +3,7 @@
 # and matches pyproject.toml, then leave its python in $TOOL_PYTHON.
 # A .venv without its ready-marker (a killed or failed build) is never reused: it is rebuilt.
 
+fallback_python=
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo_root/.venv"
 marker="$venv/.lingbot-ready"
@@ -10,7 +11,25 @@ want=$(sha256sum "$repo_root/pyproject.toml" | cut -d" " -f1)
 
 tool_env_ready() { [ -x "$venv/bin/python" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; }
 
-if ! tool_env_ready; then
+# A worker (ubuntu:22.04) may lack the Python the login node built .venv with: the complete .venv is
+# then left alone and the provisioned env's own python runs the command (it has trainer and provision).
+if [ -f "$marker" ] && ! "$venv/bin/python" -c '' 2>/dev/null; then
+  for env_python in "${LINGBOT_ENV_PYTHON:-}" "${CONDA_PREFIX:+$CONDA_PREFIX/bin/python}" \
+      "${CONDA_ENVS_PATH:+${CONDA_ENVS_PATH%%:*}/lingbot-b200/bin/python}" "$HOME/.conda/envs/lingbot-b200/bin/python"; do
+    if [ -n "$env_python" ] && "$env_python" -c 'import trainer, provision' >/dev/null 2>&1; then
+      echo "bin: $venv cannot run on this node (its base Python is missing); using $env_python" >&2
+      fallback_python=$env_python
+      break
+    fi
+  done
+  if [ -z "${fallback_python:-}" ]; then
+    echo "bin: $venv was built with a Python this node does not have, and no provisioned env was found" >&2
+    echo "bin: provision the env (bin/provision lingbot-b200) or set LINGBOT_ENV_PYTHON=<prefix>/bin/python" >&2
+    exit 2
+  fi
+fi
+
+if [ -z "${fallback_python:-}" ] && ! tool_env_ready; then
   exec 9>"$repo_root/.venv.lock"
   flock 9  # another bin/* may be building it right now: wait for that one
   if ! tool_env_ready; then
@@ -48,4 +67,4 @@ if ! tool_env_ready; then
   exec 9>&-
 fi
 # shellcheck disable=SC2034  # used by the script that sources this file
-TOOL_PYTHON="$venv/bin/python"
+TOOL_PYTHON=${fallback_python:-$venv/bin/python}

@@ -83,6 +83,8 @@ def main(name, spec_file, lockfile, prefix, relock, channels, installer, glibc, 
         _report(summary, as_json, f"{summary['prefix']} {verb} ({summary['seconds']:.2f} s)")
     except (SpecError, LockError, ProvisionError, FileNotFoundError) as exc:
         _fail(str(exc), as_json)
+    except OSError as exc:  # e.g. --prefix under a file, a read-only envs dir: name the path
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", as_json)
 
 
 def _report(summary: dict, as_json: bool, line: str) -> None:

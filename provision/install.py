@@ -342,7 +342,8 @@ def _env_lock(target: Path):
 
 
 def _clean_stale(target: Path, keep: str | None, progress: Progress) -> None:
-    """Remove what killed provisions left: generations nothing points at, half-made symlinks."""
+    """Remove what killed provisions left and generations older than the current one: everything but
+    `keep` (the generation the name points at now, which becomes the previous one), half-made symlinks."""
     gens = generations_dir(target)
     for entry in sorted(gens.iterdir()) if gens.is_dir() else []:
         if os.path.realpath(entry) != keep:
@@ -399,8 +400,7 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
         link.symlink_to(os.path.relpath(gen, target.parent))
         os.replace(link, target)  # the atomic switch
         fsync_dir(target.parent)
-        if previous and previous != os.path.realpath(gen) and Path(previous).parent == gen.parent.resolve():
-            shutil.rmtree(previous, ignore_errors=True)
+        # The previous generation stays until the next provision: jobs started from it keep running.
         ok, reason = prefixes.completeness(target)
         if not ok:
             raise ProvisionError(f"internal error: the new env is not complete: {reason}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -337,10 +338,14 @@ def run_probe(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                start_new_session=True,  # its own process group: a timeout kills Inductor's workers too
             )
         except OSError as exc:
             return ProbeRun(name, None, {"ok": False, "error": f"cannot run {python}: {exc}"}, 0.0, "", "")
-        stdout, stderr, timed_out = _communicate(proc, timeout, progress, heartbeat_s, name, start)
+        try:
+            stdout, stderr, timed_out = _communicate(proc, timeout, progress, heartbeat_s, name, start)
+        finally:
+            _kill_group(proc)  # nothing of the probe outlives it (a timeout, a signal, an exception)
         seconds = time.perf_counter() - start
         return ProbeRun(
             name,
@@ -356,6 +361,13 @@ def run_probe(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _communicate(proc, timeout, progress, heartbeat_s, name, start) -> tuple[str, str, bool]:
     deadline = start + timeout
     while True:
@@ -365,7 +377,7 @@ def _communicate(proc, timeout, progress, heartbeat_s, name, start) -> tuple[str
             return stdout, stderr, False
         except subprocess.TimeoutExpired:
             if time.perf_counter() >= deadline:
-                proc.kill()
+                _kill_group(proc)
                 stdout, stderr = proc.communicate()
                 return stdout, stderr, True
             if progress is not None:

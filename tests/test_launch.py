@@ -295,6 +295,7 @@ def test_rendezvous_comes_from_slurm_variables(tmp_path, monkeypatch):
     scontrol.chmod(0o755)
     assert rendezvous(args_for(), {**slurm, "SLURM_RESTART_COUNT": "2"}).master_addr == "gpu-a"
     assert rendezvous(args_for(), {**slurm, "SLURM_RESTART_COUNT": "2"}).attempt == "slurm1234-2"
+    assert rendezvous(args_for(), {**slurm, "SLURM_STEP_ID": "3"}).attempt == "slurm1234-0-step3"
     assert rendezvous(args_for("--master-addr", "h0", "--master-port", "999"), slurm).master_addr == "h0"
 
 

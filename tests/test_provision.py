@@ -101,8 +101,10 @@ def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_chann
     third = json.loads(run_cli(["small-env", "-f", str(spec), "--json", "-q"], tmp_path, check=True).stdout)
     assert third["action"] == "provisioned"
     assert "LINGBOT_GPU_KIND h200" in (env / "etc/lingbot/env-vars").read_text()
-    assert not Path(manifest["generation"]).exists()  # the previous generation is gone
-    assert [p.name for p in generations_dir(env).iterdir()] == [Path(os.path.realpath(env)).name]
+    # the previous generation stays, complete, for jobs started from it; the one before it would not
+    assert prefixes.completeness(Path(manifest["generation"]))[0]
+    assert sorted(p.name for p in generations_dir(env).iterdir()) == sorted(
+        [Path(os.path.realpath(env)).name, Path(manifest["generation"]).name])
 
 
 def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
@@ -167,8 +169,11 @@ def test_kill_9_at_random_points_never_yields_a_complete_looking_broken_env(tmp_
     final = json.loads(run_cli(["-f", str(spec), "--json", "-q"], tmp_path, check=True).stdout)
     assert final["action"] in ("provisioned", "up-to-date")
     assert_intact(env)
+    kept = os.path.realpath(env)
     run_cli(["-f", str(spec), "--force", "-q"], tmp_path, check=True)  # cleans every leftover
-    assert [p.name for p in generations_dir(env).iterdir()] == [Path(os.path.realpath(env)).name]
+    # what is left: the new generation and the one it replaced (kept for running jobs)
+    assert sorted(p.name for p in generations_dir(env).iterdir()) == sorted(
+        [Path(os.path.realpath(env)).name, Path(kept).name])
     assert not list(env.parent.glob(".small-env.link-*"))
     # kills landed both before and after the switch
     assert outcomes["old"] + outcomes["none"] > 0 and outcomes["new"] > 0, outcomes

@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
+DATASETS = ("furniture_train",)
 
 
 class ConfigError(ValueError):
@@ -116,6 +118,7 @@ class RunConfig:
             (m.latent_size % m.patch == 0, "model.latent_size must be a multiple of model.patch"),
             (0 < m.action_used <= m.action_dim, "model.action_used must be in 1..model.action_dim"),
             (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
+            (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}"),
             (d.frames % d.frames_per_chunk == 0, "data.frames must be a multiple of data.frames_per_chunk"),
             (all(d.frames % c == 0 for c in d.chunk_choices), "every data.chunk_choices entry must divide data.frames"),
             (d.window >= 0, "data.window must be >= 0"),

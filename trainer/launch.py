@@ -315,7 +315,11 @@ def rendezvous(args: argparse.Namespace, environ: dict[str, str]) -> Rendezvous:
     if environ.get("LINGBOT_ATTEMPT_ID"):
         attempt = environ["LINGBOT_ATTEMPT_ID"]
     elif job:
+        # a requeue bumps the restart count; each srun in the job gets a new step id (same on every node)
         attempt = f"slurm{job}-{environ.get('SLURM_RESTART_COUNT') or 0}"
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+        if step and step.isdigit():
+            attempt += f"-step{step}"
     elif nnodes == 1:
         attempt = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     else:
@@ -692,14 +696,23 @@ def _main(args: argparse.Namespace, started: float, known: dict) -> int:
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
 
-    job = environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
-    scratch = Path(environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or tempfile.gettempdir())
-    for note in localise_compile_caches(env, scratch, job):
-        say(note)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
+    try:  # what can still go wrong before a rank starts is a preflight failure, with a summary
+        job = environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
+        scratch = Path(environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or tempfile.gettempdir())
+        for note in localise_compile_caches(env, scratch, job):
+            say(note)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
 
-    attempt_dir = run_dir / "attempts" / rdzv.attempt
-    attempt_dir.mkdir(parents=True, exist_ok=True)
+        attempt_dir = run_dir / "attempts" / rdzv.attempt
+        if rdzv.node_rank == 0 and attempt_dir.exists() and any(attempt_dir.iterdir()):
+            # its stop file and rank records belong to another launch: reusing them would forge the verdict
+            raise PreflightError(
+                f"attempt {rdzv.attempt} already ran in {attempt_dir}; set LINGBOT_ATTEMPT_ID to a new value "
+                f"(under Slurm: run bin/train once per srun step)"
+            )
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+    except (PreflightError, OSError) as exc:
+        return preflight_failed(run_dir, cfg, str(exc), started)
     _prune_attempts(run_dir / "attempts", keep=KEEP_ATTEMPTS)
     env["LINGBOT_ATTEMPT_DIR"] = str(attempt_dir)
     command = torchrun_command(choice, args, rdzv, run_dir, cpu_scale, attempt_dir)

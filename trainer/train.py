@@ -138,20 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     rank_record = RankRecord(attempt_dir, rank)
     rank_record.write("running")
     try:
-        status, step = train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started)
+        status, step = train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started,
+                             rank_record)
     except BaseException as exc:
         rank_record.write("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         raise
-    # Recorded before teardown: a rank that aborts inside destroy_process_group (a known gloo hiccup)
-    # has still finished its work, and the launcher judges the run by these records.
-    rank_record.write(status, step=step)
     dist.destroy_process_group()
     if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
         os.abort()  # test hook: reproduce the teardown SIGABRT deterministically
     return 0
 
 
-def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started) -> tuple[str, int]:
+def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started,
+          rank_record) -> tuple[str, int]:
     total_steps, grad_accum = cfg.train.steps, cfg.train.grad_accum
     ckpt_root = run_dir / "checkpoints"
 
@@ -299,6 +298,10 @@ def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, st
     utilisation.close()
     if checkpointer.finish() is not None:  # an asynchronous save still in flight
         last_ckpt = checkpointer.last_committed
+    # Recorded before the last barrier: once node 0 passes it, every rank's record (on every node) is
+    # final, and a rank that aborts later inside destroy_process_group (a known gloo hiccup) has still
+    # finished its work. The launcher judges the run by these records.
+    rank_record.write(status, step=step)
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
         steady = timings[1:] or timings  # the first step of an attempt pays for warm-up
