@@ -63,11 +63,12 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def wait_for(root: Path, pattern: str, proc: subprocess.Popen) -> Path:
-    """The first file under `root` matching `pattern`, waiting while the launcher runs (with a deadline)."""
+def wait_for(root: Path, pattern: str, proc: subprocess.Popen, ignore: frozenset = frozenset()) -> Path:
+    """The first file under `root` matching `pattern` (not in `ignore`), waiting while the launcher runs
+    (with a deadline)."""
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
-        found = sorted(root.glob(pattern))
+        found = sorted(set(root.glob(pattern)) - ignore)
         if found:
             return found[0]
         if proc.poll() is not None:
@@ -172,10 +173,11 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
 
     # 2. Resume; SIGUSR1 then SIGTERM while rank 0 is writing checkpoint 4, before it is committed.
     pause = tmp_path / "pause2"
+    earlier_stops = frozenset(run_dir.glob("attempts/*/stop"))  # the first attempt's
     proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "checkpoint:4"))
     wait_for(pause, "reached", proc)
     proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@120, as forwarded by the batch script
-    wait_for(run_dir, "attempts/*/stop", proc)
+    wait_for(run_dir, "attempts/*/stop", proc, ignore=earlier_stops)
     proc.send_signal(signal.SIGTERM)  # a second signal during the save changes nothing
     (pause / "release").touch()
     rc, out = finish(proc)

@@ -374,8 +374,15 @@ class Torchrun:
             command, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
             start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
-        self._pump = threading.Thread(target=self._copy_stderr, daemon=True)
-        self._pump.start()
+        # The pump thread must never take a stop signal: the kernel may deliver a process-directed signal
+        # to any thread that does not block it, and then the main thread, blocked in waitpid, would not
+        # run the handler until torchrun exits. The thread inherits the mask set around its start.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        try:
+            self._pump = threading.Thread(target=self._copy_stderr, daemon=True)
+            self._pump.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
 
     def _copy_stderr(self) -> None:
         # The ranks' stderr comes through torchrun: pass it on, keep the end to name a killed rank.
