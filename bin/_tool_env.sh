@@ -56,7 +56,9 @@ if [ -z "${fallback_python:-}" ] && ! tool_env_ready; then
       rm -rf "$venv"
       "$base_python" -m venv "$venv" >"$log" 2>&1 || { cat "$log" >&2; exit 2; }
     fi
-    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "${repo_root}[test]" >>"$log" 2>&1; then
+    # pip pinned: the lock's `pip install --dry-run --report --platform ...` needs pip >= 23.3
+    if ! { "$venv/bin/python" -m pip install -q --disable-pip-version-check "pip==26.3" &&
+           "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "${repo_root}[test]"; } >>"$log" 2>&1; then
       grep -v 'is ignored: it is neither a file nor a directory' "$log" >&2 || true
       echo "bin: setting up $venv failed (log above, also in $log); it is rebuilt on the next run" >&2
       exit 2
