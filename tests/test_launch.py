@@ -21,6 +21,7 @@ import provision.check
 import provision.nodeinfo
 from provision.check import FAIL, PASS, Check, Report
 from trainer import launch
+from trainer import summary as summaries
 from trainer.config import load_config
 from trainer.launch import PreflightError, localise_compile_caches, rendezvous, resolve_env, verdict
 
@@ -139,6 +140,21 @@ def test_missing_or_incomplete_env_fails_preflight(tmp_path, capsys, fake_torchr
     assert summary["status"] == "preflight_failed" and summary["exit_code"] == 3
     assert "is not usable" in summary["reason"]
     assert nothing_written(run_dir) and not fake_torchrun.calls
+
+
+def test_failed_preflight_keeps_the_last_real_run_in_the_summary(tmp_path, capsys, fake_torchrun):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    preempted = summaries.make_summary(summaries.PREEMPTED, steps_requested=40, last_step=12,
+                                       final_losses={"loss": 1.5})
+    summaries.write_summary(run_dir, preempted)
+    argv = ["furniture_train", "2", "--run-dir", str(run_dir), *TINY, "--env", "nope"]
+    for _ in range(2):  # a second failure does not bury the preempted run under the first failure
+        assert launch.main(argv) == 3
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "preflight_failed" and summary["previous_status"] == "preempted"
+        assert summary["previous"]["last_step"] == 12 and summary["previous"]["final_losses"] == {"loss": 1.5}
+    assert not fake_torchrun.calls
 
 
 def test_failed_env_check_stops_before_any_rank_with_its_message_and_fix(

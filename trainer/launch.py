@@ -592,6 +592,8 @@ def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float
     """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
     say(f"preflight failed: {message}")
     previous = summaries.read_summary(run_dir)
+    if previous and previous.get("status") == summaries.PREFLIGHT_FAILED:
+        previous = previous.get("previous")  # keep the last run that trained, not a chain of failures
     complete, _ = scan(run_dir / "checkpoints")
     try:
         summaries.write_summary(
@@ -603,6 +605,7 @@ def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float
                 last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
                 wall_time_s=time.perf_counter() - started,
                 previous_status=previous.get("status") if previous else None,
+                previous=previous,  # the last real run's outcome (losses, steps) is kept, not overwritten
                 config=cfg.name,
             ),
         )
