@@ -28,17 +28,27 @@ from tests.support.toolchain import toolchain_packages  # noqa: E402
 
 def timed(args: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "provision.cli", *args, "-q"], cwd=REPO, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "provision.cli", *args, "-q"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=3)
     opts = parser.parse_args()
-    rows: dict[str, list[float]] = {"cold (empty package cache)": [], "warm (second env, cached pkgs)": [],
-                                    "no-op (env up to date)": []}
+    rows: dict[str, list[float]] = {
+        "cold (empty package cache)": [],
+        "warm (second env, cached pkgs)": [],
+        "no-op (env up to date)": [],
+    }
     packages = toolchain_packages()
     size = sum(p.stat().st_size for p in packages) / 1e6
     for _ in range(opts.repeat):
@@ -50,16 +60,27 @@ def main() -> None:
                 shutil.copy2(pkg, channel / "linux-64" / pkg.name)
             index_channel(channel)
             spec = tmp / "environment.yml"
-            spec.write_text(f"name: bench-env\nchannels:\n  - {channel}\ndependencies:\n"
-                            "  - gcc_linux-64\n  - gxx_linux-64\n  - sysroot_linux-64\n")
+            spec.write_text(
+                f"name: bench-env\nchannels:\n  - {channel}\ndependencies:\n"
+                "  - gcc_linux-64\n  - gxx_linux-64\n  - sysroot_linux-64\n"
+            )
             env = {**os.environ, "CONDA_ENVS_PATH": str(tmp / "envs"), "LINGBOT_PKGS_DIR": str(tmp / "cache")}
-            subprocess.run([sys.executable, "-m", "provision.cli", "-f", str(spec), "--relock", "-q"], cwd=REPO,
-                           env=env, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, "-m", "provision.cli", "-f", str(spec), "--relock", "-q"],
+                cwd=REPO,
+                env=env,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             rows["cold (empty package cache)"].append(timed(["-f", str(spec)], env))
-            rows["warm (second env, cached pkgs)"].append(timed(["-f", str(spec), "-p", str(tmp / "envs2" / "b")], env))
+            rows["warm (second env, cached pkgs)"].append(
+                timed(["-f", str(spec), "-p", str(tmp / "envs2" / "b")], env)
+            )
             rows["no-op (env up to date)"].append(timed(["-f", str(spec)], env))
-    print(f"bin/provision timings: toolchain stand-in, {len(packages)} packages, {size:.0f} MB compressed; "
-          f"median of {opts.repeat} (min-max), seconds, process start included")
+    print(
+        f"bin/provision timings: toolchain stand-in, {len(packages)} packages, {size:.0f} MB compressed; "
+        f"median of {opts.repeat} (min-max), seconds, process start included"
+    )
     print(f"{'case':34s} {'median':>8s} {'min':>8s} {'max':>8s}")
     for name, values in rows.items():
         print(f"{name:34s} {statistics.median(values):8.2f} {min(values):8.2f} {max(values):8.2f}")

@@ -113,8 +113,10 @@ class Report:
 
     def render(self) -> str:
         width = max((len(c.name) for c in self.checks), default=10)
-        lines = [f"envcheck {self.env_name} ({self.prefix}){' --worker' if self.worker else ''}"
-                 f"{' --fast' if self.fast else ''} on {self.node}"]
+        lines = [
+            f"envcheck {self.env_name} ({self.prefix}){' --worker' if self.worker else ''}"
+            f"{' --fast' if self.fast else ''} on {self.node}"
+        ]
         for c in self.checks:
             body = c.message.replace("\n", "\n" + " " * (width + 15))
             lines.append(f"  {c.status:4}  {c.name:{width}}  {c.seconds:6.2f}s  {body}")
@@ -160,8 +162,14 @@ def _short_error(text: str, limit: int = 1500) -> str:
     lines, seen = [], set()
     for line in text.splitlines():
         line = line.rstrip()
-        if not line or line.startswith(("Set TORCHDYNAMO_VERBOSE", "You can suppress this exception",
-                                        "    import torch._dynamo", "    torch._dynamo.config")):
+        if not line or line.startswith(
+            (
+                "Set TORCHDYNAMO_VERBOSE",
+                "You can suppress this exception",
+                "    import torch._dynamo",
+                "    torch._dynamo.config",
+            )
+        ):
             continue
         if line not in seen:
             seen.add(line)
@@ -191,13 +199,25 @@ def _read_lock(path: Path, platform_name: str) -> _Lock:
     except FileNotFoundError:
         return _Lock(path, {}, {}, f"{path} does not exist")
     except (yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
-        return _Lock(path, {}, {}, f"{path} is not a readable conda-lock v1 file ({type(exc).__name__}: {exc})")
+        return _Lock(
+            path, {}, {}, f"{path} is not a readable conda-lock v1 file ({type(exc).__name__}: {exc})"
+        )
 
 
 class _Checker:
-    def __init__(self, prefix: Path, *, worker: bool, fast: bool, env: Mapping[str, str],
-                 lockfile: Path | None, mountinfo: str | None, progress: Callable[[str], None] | None,
-                 chosen_by: str, compile_as_caller: bool = False):
+    def __init__(
+        self,
+        prefix: Path,
+        *,
+        worker: bool,
+        fast: bool,
+        env: Mapping[str, str],
+        lockfile: Path | None,
+        mountinfo: str | None,
+        progress: Callable[[str], None] | None,
+        chosen_by: str,
+        compile_as_caller: bool = False,
+    ):
         self.prefix = prefix
         self.name = env_name_of(prefix)
         self.worker, self.fast, self.caller_env = worker, fast, dict(env)
@@ -212,8 +232,9 @@ class _Checker:
         self.activated = False
         self.interpreter: dict | None = None
         self.var_status: dict[str, Check] = {}
-        self.report = Report(str(prefix), self.name, worker, fast, socket.gethostname(),
-                             time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        self.report = Report(
+            str(prefix), self.name, worker, fast, socket.gethostname(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        )
 
     # -- plumbing --------------------------------------------------------------------------------
     def run(self, name: str, fn: Callable[[], tuple], slow: str = "") -> Check:
@@ -223,9 +244,15 @@ class _Checker:
         try:
             status, message, fix, *rest = fn()
         except Exception as exc:  # a bug or an unexpected node state must not hide the other checks
-            status, message, rest = FAIL, f"envcheck could not run this check: {type(exc).__name__}: {exc}", []
+            status, message, rest = (
+                FAIL,
+                f"envcheck could not run this check: {type(exc).__name__}: {exc}",
+                [],
+            )
             fix = "an unexpected state of the env or node (message above); if it persists, report it with --json"
-        check = Check(name, status, round(time.perf_counter() - start, 3), message, fix, rest[0] if rest else {})
+        check = Check(
+            name, status, round(time.perf_counter() - start, 3), message, fix, rest[0] if rest else {}
+        )
         self.report.checks.append(check)
         if slow and self.progress:
             self.progress(f"{name}: {status} in {check.seconds:.1f} s")
@@ -238,15 +265,19 @@ class _Checker:
 
     def provision_fix(self) -> str:
         under_default = self.prefix.parent == envs_dir()
-        return f"provision the env: bin/provision {self.name}" + ("" if under_default else f" --prefix {self.prefix}")
+        return f"provision the env: bin/provision {self.name}" + (
+            "" if under_default else f" --prefix {self.prefix}"
+        )
 
     def package_fix(self, package: str) -> str:
         if nodeinfo.installed_package(self.prefix, package):
             return f"{package} is installed but broken or incomplete: {self.provision_fix()}"
         if self.lock is not None and ("conda", package) in self.lock.packages:
             return f"the env lacks {package}, which {self.lock.path.name} locks: {self.provision_fix()}"
-        return (f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.name} "
-                f"--relock), provision (bin/provision {self.name})")
+        return (
+            f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.name} "
+            f"--relock), provision (bin/provision {self.name})"
+        )
 
     def probe_python(self) -> tuple[str, str]:
         own = self.prefix / "bin" / "python"
@@ -256,8 +287,9 @@ class _Checker:
 
     def probe(self, name: str, script: str, args: dict, timeout: float) -> probes.ProbeRun:
         python, _ = self.probe_python()
-        return probes.run_probe(name, script, python, self.job_env or {}, args=args, timeout=timeout,
-                                progress=self.progress)
+        return probes.run_probe(
+            name, script, python, self.job_env or {}, args=args, timeout=timeout, progress=self.progress
+        )
 
     # -- the env ---------------------------------------------------------------------------------
     def check_prefix(self) -> tuple:
@@ -272,7 +304,11 @@ class _Checker:
         if not ok:
             return FAIL, reason, self.provision_fix()
         self.manifest = read_manifest(self.prefix)
-        return PASS, f"provisioned completely at {self.manifest.get('time', '?')} ({self.manifest.get('installer', '?')})", ""
+        return (
+            PASS,
+            f"provisioned completely at {self.manifest.get('time', '?')} ({self.manifest.get('installer', '?')})",
+            "",
+        )
 
     def load_lock(self) -> None:
         path = self.lockfile or Path(self.manifest.get("lockfile") or DEFAULT_LOCKFILE)
@@ -281,48 +317,91 @@ class _Checker:
     def check_lock(self) -> tuple:
         lock = self.lock
         if lock.error:
-            return FAIL, lock.error, f"point --lockfile at the env's conda-lock.yml, or {self.provision_fix()}"
+            return (
+                FAIL,
+                lock.error,
+                f"point --lockfile at the env's conda-lock.yml, or {self.provision_fix()}",
+            )
         if not self.manifest:
             return FAIL, "the env has no completion manifest to compare with the lock", self.provision_fix()
         plat = self.manifest.get("platform") or "linux-64"
         want, have = lock.content_hash.get(plat), self.manifest.get("lock_content_hash")
         if want is None:
-            return FAIL, f"{lock.path} has no content_hash for {plat}", f"relock: bin/provision {self.name} --relock"
+            return (
+                FAIL,
+                f"{lock.path} has no content_hash for {plat}",
+                f"relock: bin/provision {self.name} --relock",
+            )
         if have != want:
-            return FAIL, (f"the env was provisioned from a lock with content hash {str(have)[:12]}..., "
-                          f"{lock.path} has {want[:12]}... (the spec changed and was relocked since)"), self.provision_fix()
+            return (
+                FAIL,
+                (
+                    f"the env was provisioned from a lock with content hash {str(have)[:12]}..., "
+                    f"{lock.path} has {want[:12]}... (the spec changed and was relocked since)"
+                ),
+                self.provision_fix(),
+            )
         sha = self.manifest.get("lock_sha256")
         if sha and sha != _sha256(lock.path):
-            return FAIL, f"{lock.path} was relocked after this env was provisioned (same spec, new solve)", self.provision_fix()
+            return (
+                FAIL,
+                f"{lock.path} was relocked after this env was provisioned (same spec, new solve)",
+                self.provision_fix(),
+            )
         return PASS, f"matches {lock.path} ({plat}, content hash {want[:12]}...)", ""
 
     def check_versions(self) -> tuple:
         locked = {
             "python": self.lock.packages.get(("conda", "python")),
             "torch": self.lock.packages.get(("pip", "torch")) or self.lock.packages.get(("conda", "pytorch")),
-            "triton": self.lock.packages.get(("pip", "triton")) or self.lock.packages.get(("conda", "triton")),
+            "triton": self.lock.packages.get(("pip", "triton"))
+            or self.lock.packages.get(("conda", "triton")),
         }
         wanted = {k: v for k, v in locked.items() if v}
         own = self.prefix / "bin" / "python"
         if not os.access(own, os.X_OK):
             if wanted:
-                return FAIL, f"the env has no bin/python, but the lock has {_pairs(wanted)}", self.provision_fix()
-            return SKIP, f"the lock has none of python, torch, triton and the env has no python ({self.lock.path})", ""
+                return (
+                    FAIL,
+                    f"the env has no bin/python, but the lock has {_pairs(wanted)}",
+                    self.provision_fix(),
+                )
+            return (
+                SKIP,
+                f"the lock has none of python, torch, triton and the env has no python ({self.lock.path})",
+                "",
+            )
         run = probes.run_probe("interpreter", probes.INTERPRETER, str(own), self.job_env or {}, timeout=120)
         if not run.ok:
             return FAIL, f"{own} failed to start: {_short_error(run.failure_text())}", self.provision_fix()
         self.interpreter = run.result
         if not wanted:
-            return SKIP, f"the lock has none of python, torch, triton; the env has {_pairs(_versions(run.result))}", ""
+            return (
+                SKIP,
+                f"the lock has none of python, torch, triton; the env has {_pairs(_versions(run.result))}",
+                "",
+            )
         wrong = []
         for name, version in wanted.items():
             have = run.result.get(name)
             if have is None or not _same_version(have, version):
                 why = run.result.get(f"{name}_error", "")
-                wrong.append(f"{name} {have or 'missing'} (locked {version}){': ' + _short_error(why, 300) if why else ''}")
+                wrong.append(
+                    f"{name} {have or 'missing'} (locked {version}){': ' + _short_error(why, 300) if why else ''}"
+                )
         if wrong:
-            return FAIL, "not as locked: " + "; ".join(wrong), self.provision_fix(), {"interpreter": run.result}
-        return PASS, f"as locked: {_pairs({k: run.result[k] for k in wanted})}", "", {"interpreter": run.result}
+            return (
+                FAIL,
+                "not as locked: " + "; ".join(wrong),
+                self.provision_fix(),
+                {"interpreter": run.result},
+            )
+        return (
+            PASS,
+            f"as locked: {_pairs({k: run.result[k] for k in wanted})}",
+            "",
+            {"interpreter": run.result},
+        )
 
     # -- variables -------------------------------------------------------------------------------
     def check_variables_file(self) -> tuple:
@@ -332,8 +411,9 @@ class _Checker:
             return FAIL, str(exc), self.provision_fix()
         caller = self.caller_env
         active = caller.get("CONDA_PREFIX")
-        self.activated = (not self.worker and bool(active)
-                          and os.path.realpath(active) == os.path.realpath(self.prefix))
+        self.activated = (
+            not self.worker and bool(active) and os.path.realpath(active) == os.path.realpath(self.prefix)
+        )
         if self.worker:
             self.job_env = job_environment(self.prefix, scrubbed_environment(caller))
             how = f"a non-activated job on a worker (scrubbed base PATH={WORKER_PATH}, HOME, USER, LANG)"
@@ -350,25 +430,41 @@ class _Checker:
         wrong = []
         for entry in entries:
             value, have = expand(entry.value, scope), self.job_env.get(entry.name)
-            good = have is not None and (have.split(":")[0] == value if entry.mode == "prepend" else have == value)
+            good = have is not None and (
+                have.split(":")[0] == value if entry.mode == "prepend" else have == value
+            )
             if not good:
                 wrong.append(f"{entry.name}={have!r}, the env says {entry.mode} {value!r}")
             scope[entry.name] = have if have is not None else value
         details = {"resolved": {e.name: self.job_env.get(e.name) for e in entries}, "as": how}
         if wrong:
-            fix = ("re-activate the env (conda deactivate; conda activate ...); something overrode the hooks"
-                   if self.activated else self.provision_fix())
+            fix = (
+                "re-activate the env (conda deactivate; conda activate ...); something overrode the hooks"
+                if self.activated
+                else self.provision_fix()
+            )
             return FAIL, f"as seen by {how}: " + "; ".join(wrong), fix, details
         listed = ", ".join(e.name for e in entries)
-        return PASS, f"{len(entries)} variables ({listed}) from {env_vars_path(self.prefix)} as seen by {how}", "", details
+        return (
+            PASS,
+            f"{len(entries)} variables ({listed}) from {env_vars_path(self.prefix)} as seen by {how}",
+            "",
+            details,
+        )
 
     def check_compiler_var(self, var: str) -> tuple:
         env = self.job_env
         package = COMPILER_PACKAGES[var]
         value = env.get(var)
         if not value:
-            return FAIL, (f"{var} is not set for a job: the env's variables ({env_vars_path(self.prefix)}) "
-                          f"define no {var} because the env has no {package}"), self.package_fix(package)
+            return (
+                FAIL,
+                (
+                    f"{var} is not set for a job: the env's variables ({env_vars_path(self.prefix)}) "
+                    f"define no {var} because the env has no {package}"
+                ),
+                self.package_fix(package),
+            )
         path = value if os.sep in value else shutil.which(value, path=env.get("PATH", ""))
         if not path or not os.path.exists(path):
             return FAIL, f"{var}={value}: no such file", self.package_fix(package)
@@ -376,16 +472,20 @@ class _Checker:
             return FAIL, f"{var}={value} is not executable", self.package_fix(package)
         real = os.path.realpath(path)
         if not _inside(real, self.prefix):
-            return FAIL, (f"{var}={value} resolves to {real}, outside the env: workers have no system compiler"),\
-                self.package_fix(package)
+            return (
+                FAIL,
+                (f"{var}={value} resolves to {real}, outside the env: workers have no system compiler"),
+                self.package_fix(package),
+            )
         return PASS, f"{var}={value}" + (f" -> {real}" if real != value else ""), ""
 
     def check_sysroot(self) -> tuple:
         """The env's compilers must link against the env's sysroot, not the node's libc dev files."""
         env, found, outside, missing = self.job_env, {}, [], []
         for var, name in (("CC", "crt1.o"), ("CC", "libc.so"), ("CXX", "libstdc++.so")):
-            proc = subprocess.run([env[var], f"-print-file-name={name}"], env=env, capture_output=True,
-                                  text=True, timeout=60)
+            proc = subprocess.run(
+                [env[var], f"-print-file-name={name}"], env=env, capture_output=True, text=True, timeout=60
+            )
             path = proc.stdout.strip()
             found[name] = path
             if proc.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
@@ -393,8 +493,15 @@ class _Checker:
             elif not _inside(path, self.prefix):
                 outside.append(f"{name} from {os.path.realpath(path)}")
         if missing or outside:
-            what = "; ".join([f"cannot find {m}" for m in missing] + [f"links {o}, outside the env" for o in outside])
-            return FAIL, f"{what}: a worker has no such files", self.package_fix("sysroot_linux-64"), {"files": found}
+            what = "; ".join(
+                [f"cannot find {m}" for m in missing] + [f"links {o}, outside the env" for o in outside]
+            )
+            return (
+                FAIL,
+                f"{what}: a worker has no such files",
+                self.package_fix("sysroot_linux-64"),
+                {"files": found},
+            )
         return PASS, "crt1.o, libc.so, libstdc++.so all from the env's sysroot", "", {"files": found}
 
     # -- compiles --------------------------------------------------------------------------------
@@ -406,37 +513,56 @@ class _Checker:
         var_check = self.var_status.get(var)
         var_fix = var_check.fix if var_check is not None and var_check.status == FAIL else ""
         if result.get("stage") == "locate":
-            return FAIL, (f"{what} would use {compiler} ({real}), which is not in the env: it passes here only "
-                          f"thanks to the system compiler, and a worker has none"), \
-                var_fix or self.package_fix(COMPILER_PACKAGES[var]), details
+            return (
+                FAIL,
+                (
+                    f"{what} would use {compiler} ({real}), which is not in the env: it passes here only "
+                    f"thanks to the system compiler, and a worker has none"
+                ),
+                var_fix or self.package_fix(COMPILER_PACKAGES[var]),
+                details,
+            )
         if not run.ok:
             error = _short_error(run.failure_text())
             details["error"] = run.failure_text()
-            fix = var_fix or (f"{var}={compiler} cannot do this (error above): {self.provision_fix()}"
-                              if compiler else self.provision_fix())
+            fix = var_fix or (
+                f"{var}={compiler} cannot do this (error above): {self.provision_fix()}"
+                if compiler
+                else self.provision_fix()
+            )
             return FAIL, f"{what} failed in the job's environment:\n{error}", fix, details
         if compiler and not _inside(real, self.prefix):
-            return WARN, (f"{passed}, but with {real}, a system compiler: a worker has none "
-                          f"(run with --worker)"), var_fix or self.package_fix(COMPILER_PACKAGES[var]), details
+            return (
+                WARN,
+                (f"{passed}, but with {real}, a system compiler: a worker has none (run with --worker)"),
+                var_fix or self.package_fix(COMPILER_PACKAGES[var]),
+                details,
+            )
         return PASS, passed, "", details
 
     def check_triton_build(self) -> tuple:
         args = {"nonce": probes.nonce(), "require_under": str(self.prefix) if self.worker else None}
         run = self.probe("triton_build", probes.TRITON_BUILD, args, timeout=180)
-        passed = (f"triton.runtime.build compiled and imported a C extension with "
-                  f"{run.result.get('compiler')} in {run.result.get('compile_s', 0):.1f} s")
+        passed = (
+            f"triton.runtime.build compiled and imported a C extension with "
+            f"{run.result.get('compiler')} in {run.result.get('compile_s', 0):.1f} s"
+        )
         return self._compile_verdict(run, "CC", "Triton's C build (triton.runtime.build)", passed)
 
     def check_inductor(self) -> tuple:
         args = {"fast": self.fast, "require_under": str(self.prefix) if self.worker else None}
         run = self.probe("inductor_cpp", probes.INDUCTOR_CPP, args, timeout=900)
         r = run.result
-        passed = (f"Inductor compiled a CPU kernel with {r.get('compiler')} in {r.get('compile_s', 0):.1f} s, "
-                  f"OpenMP parallel region in {r.get('kernels_with_openmp')} kernel(s), max error "
-                  f"{r.get('max_abs_error', float('nan')):.1e}{' (scalar code: --fast)' if self.fast else ''}")
+        passed = (
+            f"Inductor compiled a CPU kernel with {r.get('compiler')} in {r.get('compile_s', 0):.1f} s, "
+            f"OpenMP parallel region in {r.get('kernels_with_openmp')} kernel(s), max error "
+            f"{r.get('max_abs_error', float('nan')):.1e}{' (scalar code: --fast)' if self.fast else ''}"
+        )
         if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
-            r["error"] = (f"the compiled kernel is wrong or not parallel: max error {r.get('max_abs_error')}, "
-                          f"omp pragma {r.get('omp_pragma')}, kernels calling OpenMP {r.get('kernels_with_openmp')}")
+            r["error"] = (
+                f"the compiled kernel is wrong or not parallel: max error {r.get('max_abs_error')}, "
+                f"omp pragma {r.get('omp_pragma')}, kernels calling OpenMP {r.get('kernels_with_openmp')}"
+            )
         return self._compile_verdict(run, "CXX", "TorchInductor's C++ build", passed)
 
     def check_flex(self) -> tuple:
@@ -445,13 +571,20 @@ class _Checker:
         run = self.probe("flex_attention", probes.FLEX_ATTENTION, args, timeout=1200)
         r = run.result
         if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
-            r["error"] = (f"FlexAttention disagrees with SDPA: forward max error {r.get('forward_max_abs_error')}"
-                          f", backward {r.get('backward_max_abs_error', 'n/a')}")
-        passed = (f"compiled FlexAttention ({r.get('device')}, {r.get('tokens')} tokens, LingBot block mask "
-                  f"{100 * r.get('masked_share', 0):.0f}% masked) in {r.get('compile_s', 0):.1f} s; vs SDPA: "
-                  f"forward max error {r.get('forward_max_abs_error', float('nan')):.1e}"
-                  + (f", backward {r['backward_max_abs_error']:.1e}" if "backward_max_abs_error" in r else
-                     " (forward only: FlexAttention has no CPU backward)"))
+            r["error"] = (
+                f"FlexAttention disagrees with SDPA: forward max error {r.get('forward_max_abs_error')}"
+                f", backward {r.get('backward_max_abs_error', 'n/a')}"
+            )
+        passed = (
+            f"compiled FlexAttention ({r.get('device')}, {r.get('tokens')} tokens, LingBot block mask "
+            f"{100 * r.get('masked_share', 0):.0f}% masked) in {r.get('compile_s', 0):.1f} s; vs SDPA: "
+            f"forward max error {r.get('forward_max_abs_error', float('nan')):.1e}"
+            + (
+                f", backward {r['backward_max_abs_error']:.1e}"
+                if "backward_max_abs_error" in r
+                else " (forward only: FlexAttention has no CPU backward)"
+            )
+        )
         return self._compile_verdict(run, "CC" if gpu else "CXX", "FlexAttention under torch.compile", passed)
 
     # -- caches and filesystems ------------------------------------------------------------------
@@ -471,7 +604,11 @@ class _Checker:
 
     def check_triton_cache(self) -> tuple:
         path, is_set = self.triton_cache_dir()
-        note = "" if is_set else " (TRITON_CACHE_DIR is unset: Triton's default, shared by every env and GPU kind)"
+        note = (
+            ""
+            if is_set
+            else " (TRITON_CACHE_DIR is unset: Triton's default, shared by every env and GPU kind)"
+        )
         target = Path(path)
         base = nodeinfo.existing_ancestor(target)
         if base != target and not base.is_dir():
@@ -483,15 +620,26 @@ class _Checker:
             os.close(fd)
             os.unlink(probe_file)
         except OSError as exc:
-            return FAIL, f"{path} is not writable: {exc}{note}", "make it writable or point TRITON_CACHE_DIR elsewhere"
+            return (
+                FAIL,
+                f"{path} is not writable: {exc}{note}",
+                "make it writable or point TRITON_CACHE_DIR elsewhere",
+            )
         free = nodeinfo.free_bytes(base)
         state = "exists" if base == target else f"does not exist yet; Triton creates it under {base}"
         message = f"{path} {state}, writable, {_gib(free)} free{note}"
         if free < MIN_FREE:
             return FAIL, message, f"free space on {base} or point TRITON_CACHE_DIR elsewhere"
         if free < LOW_FREE or not is_set:
-            return WARN, message, ("free space there" if is_set else
-                                   "provision the env from a spec that sets TRITON_CACHE_DIR (environment.yml variables:)")
+            return (
+                WARN,
+                message,
+                (
+                    "free space there"
+                    if is_set
+                    else "provision the env from a spec that sets TRITON_CACHE_DIR (environment.yml variables:)"
+                ),
+            )
         return PASS, message, ""
 
     def check_cache_fs(self, label: str, path: str) -> tuple:
@@ -505,32 +653,56 @@ class _Checker:
 
     def gpu_interpreter(self) -> dict | None:
         if self.interpreter is None and os.access(self.prefix / "bin" / "python", os.X_OK):
-            run = probes.run_probe("interpreter", probes.INTERPRETER, str(self.prefix / "bin" / "python"),
-                                   self.job_env or {}, timeout=120)
+            run = probes.run_probe(
+                "interpreter",
+                probes.INTERPRETER,
+                str(self.prefix / "bin" / "python"),
+                self.job_env or {},
+                timeout=120,
+            )
             self.interpreter = run.result if run.ok else None
         return self.interpreter
 
     def check_cuda(self) -> tuple:
         info = self.gpu_interpreter()
         if info is None:
-            return FAIL, "the env's python cannot report torch's CUDA state (no python or torch)", self.provision_fix()
+            return (
+                FAIL,
+                "the env's python cannot report torch's CUDA state (no python or torch)",
+                self.provision_fix(),
+            )
         if not info.get("torch_cuda"):
             return FAIL, f"torch {info.get('torch')} is a CPU build on a GPU node", self.provision_fix()
         if not info.get("cuda_available"):
-            return FAIL, f"torch {info.get('torch')} sees no GPU: {info.get('cuda_error', 'cuda unavailable')}", \
-                "check CUDA_VISIBLE_DEVICES and the job's GPU allocation (--gres/--gpus)"
+            return (
+                FAIL,
+                f"torch {info.get('torch')} sees no GPU: {info.get('cuda_error', 'cuda unavailable')}",
+                "check CUDA_VISIBLE_DEVICES and the job's GPU allocation (--gres/--gpus)",
+            )
         devices = info.get("cuda_devices") or []
-        return PASS, f"{len(devices)} GPU(s) visible: {', '.join(devices)} (torch {info['torch']}, CUDA {info['torch_cuda']})", ""
+        return (
+            PASS,
+            f"{len(devices)} GPU(s) visible: {', '.join(devices)} (torch {info['torch']}, CUDA {info['torch_cuda']})",
+            "",
+        )
 
     def check_driver(self) -> tuple:
         driver = nodeinfo.cuda_driver_version()
         info = self.gpu_interpreter() or {}
         need = info.get("torch_cuda")
         if driver is None:
-            return FAIL, "libcuda.so.1 cannot be loaded: no NVIDIA driver usable here", "run on a node with the NVIDIA driver"
+            return (
+                FAIL,
+                "libcuda.so.1 cannot be loaded: no NVIDIA driver usable here",
+                "run on a node with the NVIDIA driver",
+            )
         have = (driver // 1000, driver % 1000 // 10)
         if not need:
-            return FAIL, f"driver supports CUDA {have[0]}.{have[1]}; torch is not a CUDA build", self.provision_fix()
+            return (
+                FAIL,
+                f"driver supports CUDA {have[0]}.{have[1]}; torch is not a CUDA build",
+                self.provision_fix(),
+            )
         want = nodeinfo.parse_version(need)[:2]
         text = f"the driver supports CUDA {have[0]}.{have[1]}, torch {info.get('torch')} is built for CUDA {need}"
         if have >= want:
@@ -544,45 +716,78 @@ class _Checker:
         info = self.gpu_interpreter() or {}
         if info.get("nccl"):
             return PASS, f"NCCL {info['nccl']} loads", ""
-        return FAIL, f"NCCL does not load: {info.get('nccl_error', 'torch has no NCCL')}", self.provision_fix()
+        return (
+            FAIL,
+            f"NCCL does not load: {info.get('nccl_error', 'torch has no NCCL')}",
+            self.provision_fix(),
+        )
 
     def check_gpu_kind(self) -> tuple:
         info = self.gpu_interpreter() or {}
-        expected = nodeinfo.gpu_kind((self.job_env or {}).get("LINGBOT_GPU_KIND", "")) or nodeinfo.gpu_kind(self.name)
+        expected = nodeinfo.gpu_kind((self.job_env or {}).get("LINGBOT_GPU_KIND", "")) or nodeinfo.gpu_kind(
+            self.name
+        )
         kinds = {nodeinfo.gpu_kind(d) for d in info.get("cuda_devices") or []}
         if not kinds:
             return FAIL, "no GPU name to compare", "see gpu.cuda"
         if expected is None:
-            return WARN, f"node has {', '.join(sorted(map(str, kinds)))}; the env names no GPU kind", \
-                "set LINGBOT_GPU_KIND in environment.yml variables:"
+            return (
+                WARN,
+                f"node has {', '.join(sorted(map(str, kinds)))}; the env names no GPU kind",
+                "set LINGBOT_GPU_KIND in environment.yml variables:",
+            )
         if kinds != {expected}:
-            return FAIL, (f"the env {self.name} is for {expected}, the node has {', '.join(sorted(map(str, kinds)))}: "
-                          f"kernels and caches are per GPU kind"), f"use the env for this GPU kind (e.g. lingbot-{sorted(map(str, kinds))[0]})"
+            return (
+                FAIL,
+                (
+                    f"the env {self.name} is for {expected}, the node has {', '.join(sorted(map(str, kinds)))}: "
+                    f"kernels and caches are per GPU kind"
+                ),
+                f"use the env for this GPU kind (e.g. lingbot-{sorted(map(str, kinds))[0]})",
+            )
         return PASS, f"node GPUs are {expected}, as the env expects", ""
 
     # -- node ------------------------------------------------------------------------------------
     def check_glibc(self) -> tuple:
         node, sysroot = nodeinfo.node_glibc(), nodeinfo.sysroot_glibc(self.prefix)
         if sysroot is None:
-            return FAIL, "the env has no sysroot_linux-64: nothing fixes the glibc its builds target", \
-                self.package_fix("sysroot_linux-64")
+            return (
+                FAIL,
+                "the env has no sysroot_linux-64: nothing fixes the glibc its builds target",
+                self.package_fix("sysroot_linux-64"),
+            )
         if node is None:
-            return FAIL, "this node runs no glibc (musl?); the env's binaries need glibc", "run on a glibc node"
+            return (
+                FAIL,
+                "this node runs no glibc (musl?); the env's binaries need glibc",
+                "run on a glibc node",
+            )
         text = f"node glibc {node}, the env's sysroot targets {sysroot}"
         if nodeinfo.parse_version(node) < nodeinfo.parse_version(sysroot):
-            return FAIL, text + ": code built in the env will not load here", \
-                f"lock an older sysroot_linux-64 (<= {node}) in environment.yml, relock, provision"
+            return (
+                FAIL,
+                text + ": code built in the env will not load here",
+                f"lock an older sysroot_linux-64 (<= {node}) in environment.yml, relock, provision",
+            )
         return PASS, text, ""
 
     def check_disk(self) -> tuple:
-        places = {"prefix": str(self.prefix), "TRITON_CACHE_DIR": self.triton_cache_dir()[0],
-                  "Inductor cache": self.inductor_cache_dir(),
-                  "TMPDIR": (self.job_env or {}).get("TMPDIR") or "/tmp"}
+        places = {
+            "prefix": str(self.prefix),
+            "TRITON_CACHE_DIR": self.triton_cache_dir()[0],
+            "Inductor cache": self.inductor_cache_dir(),
+            "TMPDIR": (self.job_env or {}).get("TMPDIR") or "/tmp",
+        }
         free = {label: nodeinfo.free_bytes(path) for label, path in places.items()}
         text = ", ".join(f"{label} {places[label]}: {_gib(n)}" for label, n in free.items())
         low = [label for label, n in free.items() if n < MIN_FREE]
         if low:
-            return FAIL, f"under {_gib(MIN_FREE)} free: {text}", f"free disk space for {', '.join(low)}", {"free_bytes": free}
+            return (
+                FAIL,
+                f"under {_gib(MIN_FREE)} free: {text}",
+                f"free disk space for {', '.join(low)}",
+                {"free_bytes": free},
+            )
         if any(n < LOW_FREE for n in free.values()):
             return WARN, f"low on space: {text}", "free disk space", {"free_bytes": free}
         return PASS, text, "", {"free_bytes": free}
@@ -601,7 +806,9 @@ class _Checker:
                 self.manifest = {}
         self.load_lock()
         self.run("env.lock", self.check_lock)
-        vars_ok = self.run("variables.file", self.check_variables_file).status != FAIL or self.job_env is not None
+        vars_ok = (
+            self.run("variables.file", self.check_variables_file).status != FAIL or self.job_env is not None
+        )
         if not vars_ok and self.compile_as_caller and not self.worker:
             # A plain python environment (bin/train's tool-env fallback) promises no variables: still
             # compile for real, with the caller's environment, so a missing compiler shows up here.
@@ -619,24 +826,40 @@ class _Checker:
             else:
                 self.skip("toolchain.sysroot", "not run: CC/CXX do not resolve into the env")
             self.run("compile.triton_build", self.check_triton_build, slow="Triton C build (~1 s)")
-            self.run("compile.inductor_cpp", self.check_inductor,
-                     slow="TorchInductor CPU kernel with CXX + OpenMP (10-30 s cold)")
+            self.run(
+                "compile.inductor_cpp",
+                self.check_inductor,
+                slow="TorchInductor CPU kernel with CXX + OpenMP (10-30 s cold)",
+            )
             if not self.fast:
                 # On CPU FlexAttention compiles through Inductor's C++ path, on a GPU through Triton.
                 gpu = bool(self.interpreter and self.interpreter.get("cuda_available"))
                 needs = "compile.triton_build" if gpu else "compile.inductor_cpp"
                 if self.report.check(needs).status == FAIL:
-                    self.skip("compile.flex_attention", f"not run: it needs the compiler {needs} found broken")
+                    self.skip(
+                        "compile.flex_attention", f"not run: it needs the compiler {needs} found broken"
+                    )
                 else:
-                    self.run("compile.flex_attention", self.check_flex,
-                             slow="FlexAttention vs SDPA under torch.compile (20-60 s cold)")
+                    self.run(
+                        "compile.flex_attention",
+                        self.check_flex,
+                        slow="FlexAttention vs SDPA under torch.compile (20-60 s cold)",
+                    )
         self.run("cache.triton_dir", self.check_triton_cache)
-        self.run("fs.triton_cache", lambda: self.check_cache_fs("TRITON_CACHE_DIR", self.triton_cache_dir()[0]))
-        self.run("fs.inductor_cache", lambda: self.check_cache_fs("Inductor's cache", self.inductor_cache_dir()))
+        self.run(
+            "fs.triton_cache", lambda: self.check_cache_fs("TRITON_CACHE_DIR", self.triton_cache_dir()[0])
+        )
+        self.run(
+            "fs.inductor_cache", lambda: self.check_cache_fs("Inductor's cache", self.inductor_cache_dir())
+        )
         if not self.fast:
             reason = self.gpu_absent_reason()
-            for name, fn in (("gpu.cuda", self.check_cuda), ("gpu.driver", self.check_driver),
-                             ("gpu.nccl", self.check_nccl), ("gpu.kind", self.check_gpu_kind)):
+            for name, fn in (
+                ("gpu.cuda", self.check_cuda),
+                ("gpu.driver", self.check_driver),
+                ("gpu.nccl", self.check_nccl),
+                ("gpu.kind", self.check_gpu_kind),
+            ):
                 if reason:
                     self.skip(name, reason)
                 else:
@@ -653,12 +876,23 @@ def cache_filesystem_verdict(label: str, path: str, mountinfo: str | os.PathLike
     try:
         mount = nodeinfo.mount_of(path, mountinfo)
     except (OSError, ValueError) as exc:
-        return WARN, f"cannot tell which filesystem holds {label} {path}: {exc}", \
-            "check by hand that it is on node-local disk (df -T PATH)", {"path": path}
+        return (
+            WARN,
+            f"cannot tell which filesystem holds {label} {path}: {exc}",
+            "check by hand that it is on node-local disk (df -T PATH)",
+            {"path": path},
+        )
     details = {"path": path, "mount_point": mount.mount_point, "fstype": mount.fstype, "source": mount.source}
     if nodeinfo.is_network_fs(mount.fstype):
-        return WARN, (f"{label} {path} is on {mount.fstype} ({mount.source} at {mount.mount_point}): "
-                      f"{NETWORK_FS_RACES}"), NODE_LOCAL_FIX, details
+        return (
+            WARN,
+            (
+                f"{label} {path} is on {mount.fstype} ({mount.source} at {mount.mount_point}): "
+                f"{NETWORK_FS_RACES}"
+            ),
+            NODE_LOCAL_FIX,
+            details,
+        )
     return PASS, f"{label} {path} is on {mount.fstype} (local, mounted at {mount.mount_point})", "", details
 
 
@@ -683,10 +917,18 @@ def _same_version(have: str, locked: str) -> bool:
         return have == locked
 
 
-def run_checks(prefix: Path, *, worker: bool, fast: bool = False, env: Mapping[str, str] | None = None,
-               lockfile: Path | None = None, mountinfo: str | os.PathLike[str] | None = None,
-               progress: Callable[[str], None] | None = None, chosen_by: str = "given",
-               compile_as_caller: bool = False) -> Report:
+def run_checks(
+    prefix: Path,
+    *,
+    worker: bool,
+    fast: bool = False,
+    env: Mapping[str, str] | None = None,
+    lockfile: Path | None = None,
+    mountinfo: str | os.PathLike[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    chosen_by: str = "given",
+    compile_as_caller: bool = False,
+) -> Report:
     """Check the env at `prefix` as a job on this node would use it; see the module docstring.
 
     `env` is the caller's environment (default os.environ); `fast` is bin/train's preflight subset
@@ -694,10 +936,17 @@ def run_checks(prefix: Path, *, worker: bool, fast: bool = False, env: Mapping[s
     `mountinfo` replaces /proc/self/mountinfo (tests); `progress` receives lines for the slow checks;
     `compile_as_caller`: for a prefix that is no provisioned env (bin/train's tool-env fallback), run the
     compile checks with the caller's environment instead of skipping them (never under --worker)."""
-    checker = _Checker(Path(prefix), worker=worker, fast=fast, env=os.environ if env is None else env,
-                       lockfile=Path(lockfile) if lockfile else None,
-                       mountinfo=os.fspath(mountinfo) if mountinfo is not None else None,
-                       progress=progress, chosen_by=chosen_by, compile_as_caller=compile_as_caller)
+    checker = _Checker(
+        Path(prefix),
+        worker=worker,
+        fast=fast,
+        env=os.environ if env is None else env,
+        lockfile=Path(lockfile) if lockfile else None,
+        mountinfo=os.fspath(mountinfo) if mountinfo is not None else None,
+        progress=progress,
+        chosen_by=chosen_by,
+        compile_as_caller=compile_as_caller,
+    )
     return checker.run_all()
 
 
@@ -714,48 +963,95 @@ def _simulate(params: dict) -> int:
 
     ok, reason = worker_sim.available()
     if not ok:
-        click.echo(f"envcheck: --simulate-worker: {reason}. Run `bin/envcheck --worker` on a worker instead "
-                   f"(e.g. srun -N1 bin/envcheck --worker).", err=True)
+        click.echo(
+            f"envcheck: --simulate-worker: {reason}. Run `bin/envcheck --worker` on a worker instead "
+            f"(e.g. srun -N1 bin/envcheck --worker).",
+            err=True,
+        )
         return 2
     sim = worker_sim.WorkerSimulation()
     argv = [sys.executable, "-m", "provision.check", "--worker"]
     for flag in ("fast",):
         if params[flag]:
             argv.append(f"--{flag}")
-    for option, key in (("--env", "env_name"), ("--prefix", "prefix"), ("--json", "json_out"),
-                        ("--lockfile", "lockfile"), ("--mountinfo", "mountinfo")):
+    for option, key in (
+        ("--env", "env_name"),
+        ("--prefix", "prefix"),
+        ("--json", "json_out"),
+        ("--lockfile", "lockfile"),
+        ("--mountinfo", "mountinfo"),
+    ):
         if params[key] is not None:
             argv += [option, str(params[key])]
-    click.echo(f"envcheck: re-running inside the worker simulation ({sim.hidden_count} toolchain paths "
-               f"hidden): {' '.join(argv[1:])}", err=True)
+    click.echo(
+        f"envcheck: re-running inside the worker simulation ({sim.hidden_count} toolchain paths "
+        f"hidden): {' '.join(argv[1:])}",
+        err=True,
+    )
     return subprocess.run(sim.command(argv), env=os.environ, stdin=subprocess.DEVNULL).returncode
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--env", "env_name", metavar="NAME", help="Env name under the envs dir [default: the active env, else lingbot-b200].")
+@click.option(
+    "--env",
+    "env_name",
+    metavar="NAME",
+    help="Env name under the envs dir [default: the active env, else lingbot-b200].",
+)
 @click.option("--prefix", type=click.Path(path_type=Path), help="Env prefix (instead of --env).")
-@click.option("--worker", is_flag=True, help="Check as a non-activated job on a compiler-less worker sees it.")
-@click.option("--json", "json_out", metavar="FILE|-", help="Write the JSON report to FILE ('-': stdout, text to stderr).")
-@click.option("--simulate-worker", is_flag=True, help="Re-run with --worker inside the worker simulation (needs root).")
+@click.option(
+    "--worker", is_flag=True, help="Check as a non-activated job on a compiler-less worker sees it."
+)
+@click.option(
+    "--json",
+    "json_out",
+    metavar="FILE|-",
+    help="Write the JSON report to FILE ('-': stdout, text to stderr).",
+)
+@click.option(
+    "--simulate-worker", is_flag=True, help="Re-run with --worker inside the worker simulation (needs root)."
+)
 @click.option("--fast", is_flag=True, help="bin/train's preflight subset: compilers, caches, node (seconds).")
-@click.option("--lockfile", type=click.Path(path_type=Path), help="Lock to compare with [default: the one the env was provisioned from].")
-@click.option("--mountinfo", type=click.Path(exists=True, dir_okay=False), help="Mount table to read instead of /proc/self/mountinfo.")
+@click.option(
+    "--lockfile",
+    type=click.Path(path_type=Path),
+    help="Lock to compare with [default: the one the env was provisioned from].",
+)
+@click.option(
+    "--mountinfo",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Mount table to read instead of /proc/self/mountinfo.",
+)
 def main(env_name, prefix, worker, json_out, simulate_worker, fast, lockfile, mountinfo):
     """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
     if env_name and prefix:
         raise click.UsageError("give --env NAME or --prefix PATH, not both")
     if simulate_worker:
         sys.exit(_simulate(click.get_current_context().params))
-    chosen_by = ("--prefix" if prefix else "--env" if env_name else
-                 "the active env ($CONDA_PREFIX)" if os.environ.get("CONDA_PREFIX") else "the default env")
+    chosen_by = (
+        "--prefix"
+        if prefix
+        else "--env"
+        if env_name
+        else "the active env ($CONDA_PREFIX)"
+        if os.environ.get("CONDA_PREFIX")
+        else "the default env"
+    )
     target = resolve_prefix(env_name, prefix)
     text_stream = sys.stderr if json_out == "-" else sys.stdout
 
     def progress(line: str) -> None:
         print(f"envcheck: {line}", file=sys.stderr, flush=True)
 
-    report = run_checks(target, worker=worker, fast=fast, lockfile=lockfile, mountinfo=mountinfo,
-                        progress=progress, chosen_by=chosen_by)
+    report = run_checks(
+        target,
+        worker=worker,
+        fast=fast,
+        lockfile=lockfile,
+        mountinfo=mountinfo,
+        progress=progress,
+        chosen_by=chosen_by,
+    )
     print(report.render(), end="", file=text_stream, flush=True)
     if json_out == "-":
         sys.stdout.write(report.to_json())

@@ -68,7 +68,9 @@ class Progress:
 
     def __call__(self, message: str) -> None:
         if self.enabled:
-            print(f"[provision {time.monotonic() - self.started:6.1f}s] {message}", file=self.stream, flush=True)
+            print(
+                f"[provision {time.monotonic() - self.started:6.1f}s] {message}", file=self.stream, flush=True
+            )
 
 
 class _LinkReporter:
@@ -92,16 +94,27 @@ class _LinkReporter:
 def _project_files(path: Path) -> list[Path]:
     """The files that make up a local pip project: its build config and its packages' sources."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=path, capture_output=True,
-                                text=True, check=True).stdout.split("\n")
+        listed = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         files = [path / f for f in listed if f]
     except (OSError, subprocess.CalledProcessError):
         files = [p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.parts)]
-    packages = {p.relative_to(path).parts[0] for p in files if p.name == "__init__.py" and
-                len(p.relative_to(path).parts) == 2}
+    packages = {
+        p.relative_to(path).parts[0]
+        for p in files
+        if p.name == "__init__.py" and len(p.relative_to(path).parts) == 2
+    }
     keep = {"pyproject.toml", "setup.py", "setup.cfg"}
-    return sorted(p for p in files if p.is_file() and (p.name in keep and p.parent == path or
-                                                       p.relative_to(path).parts[0] in packages))
+    return sorted(
+        p
+        for p in files
+        if p.is_file() and (p.name in keep and p.parent == path or p.relative_to(path).parts[0] in packages)
+    )
 
 
 def project_digest(paths: list[Path]) -> str:
@@ -185,7 +198,9 @@ def fetch_verified(url: str, md5: str, sha256: str, downloads: Path, progress: P
                     shutil.copyfileobj(response, out, 1 << 20)
             except OSError as exc:
                 partial.unlink(missing_ok=True)
-                raise ProvisionError(f"cannot download {url}: {exc}; use --channel to point at a mirror") from None
+                raise ProvisionError(
+                    f"cannot download {url}: {exc}; use --channel to point at a mirror"
+                ) from None
             os.replace(partial, path)
     else:
         raise ProvisionError(f"unsupported package URL {url} (file, http and https only)")
@@ -219,9 +234,14 @@ def locked_records(p: Plan, mirror: str | None, downloads: Path, progress: Progr
         # from the verified archive itself, and make sure the archive is the package the lock names
         index = rattler.IndexJson.from_package_archive(path)
         if (index.name.normalized, str(index.version), str(index.build)) != (
-                rec.name.normalized, str(rec.version), str(rec.build)):
-            raise ProvisionError(f"package file {path} holds {index.name.normalized} {index.version} "
-                                 f"{index.build}, not {rec.file_name} as the lock says")
+            rec.name.normalized,
+            str(rec.version),
+            str(rec.build),
+        ):
+            raise ProvisionError(
+                f"package file {path} holds {index.name.normalized} {index.version} "
+                f"{index.build}, not {rec.file_name} as the lock says"
+            )
         rec.noarch = index.noarch
         rec.url = path.resolve().as_uri()
         progress(f"verified {i}/{len(records)} {rec.file_name}")
@@ -236,8 +256,9 @@ def pip_entries(p: Plan) -> list:
         lock = parse_conda_lock_file(p.lock_path)
     except Exception as exc:  # pydantic's ValidationError and friends: the file is not a valid lock
         raise LockError(f"{p.lock_path}: conda-lock cannot parse it ({exc}); relock with --relock") from None
-    return sorted((d for d in lock.package if d.manager == "pip" and d.platform == p.platform),
-                  key=lambda d: d.name)
+    return sorted(
+        (d for d in lock.package if d.manager == "pip" and d.platform == p.platform), key=lambda d: d.name
+    )
 
 
 # --- building a generation ------------------------------------------------------------------------
@@ -247,9 +268,19 @@ def _link_conda(records: list, gen: Path, installer: str, cache_dir: Path, progr
     if installer == "rattler":
         import rattler
 
-        cache = rattler.PackageCache.new_layered([cache_dir / "pkgs"], validation_mode=rattler.ValidationMode.fast())
-        run_async(rattler.install(records, target_prefix=gen, package_cache=cache, show_progress=False,
-                                  reporter=_LinkReporter(progress, len(records)), execute_link_scripts=False))
+        cache = rattler.PackageCache.new_layered(
+            [cache_dir / "pkgs"], validation_mode=rattler.ValidationMode.fast()
+        )
+        run_async(
+            rattler.install(
+                records,
+                target_prefix=gen,
+                package_cache=cache,
+                show_progress=False,
+                reporter=_LinkReporter(progress, len(records)),
+                execute_link_scripts=False,
+            )
+        )
         return
     exe = shutil.which(installer)
     if exe is None:
@@ -265,26 +296,39 @@ def _link_conda(records: list, gen: Path, installer: str, cache_dir: Path, progr
         raise ProvisionError(f"{installer} create failed (exit {proc.returncode}); see its output above")
 
 
-def _pip_install(p: Plan, gen: Path, entries: list, index: str | None, find_links: str | None,
-                 progress: Progress) -> list[dict]:
+def _pip_install(
+    p: Plan, gen: Path, entries: list, index: str | None, find_links: str | None, progress: Progress
+) -> list[dict]:
     if not entries and not p.spec.pip_local:
         return []
     python = gen / "bin" / "python"
     if not python.exists():
         if entries:
-            raise ProvisionError(f"{p.lock_path} has a pip part but the env has no bin/python; add python to "
-                                 f"{p.spec.path} and relock")
+            raise ProvisionError(
+                f"{p.lock_path} has a pip part but the env has no bin/python; add python to "
+                f"{p.spec.path} and relock"
+            )
         progress(f"no python in the env: skipping the pip install of {', '.join(map(str, p.spec.pip_local))}")
         return []
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
-    base = [str(python), "-m", "pip", "install", "--isolated", "--no-deps", "--disable-pip-version-check",
-            "--no-warn-script-location"]
+    base = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--isolated",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--no-warn-script-location",
+    ]
     if entries:
         lines = []
         for d in entries:
             sha = f"--hash=sha256:{d.hash.sha256}"
             # the locked file by URL; with a mirror, the same version and hash from there
-            lines.append(f"{d.name}=={d.version} {sha}" if (index or find_links) else f"{d.name} @ {d.url} {sha}")
+            lines.append(
+                f"{d.name}=={d.version} {sha}" if (index or find_links) else f"{d.name} @ {d.url} {sha}"
+            )
         reqs = gen / "conda-meta" / "lingbot-pip-requirements.txt"
         reqs.write_text("\n".join(lines) + "\n")
         cmd = base + ["--require-hashes", "-r", str(reqs)]
@@ -294,7 +338,9 @@ def _pip_install(p: Plan, gen: Path, entries: list, index: str | None, find_link
             cmd += ["--no-index", "--find-links", find_links]
         progress(f"pip: installing {len(entries)} locked packages with hashes")
         if subprocess.run(cmd, env=env).returncode != 0:
-            raise ProvisionError("pip install of the locked pip part failed (output above); the env is untouched")
+            raise ProvisionError(
+                "pip install of the locked pip part failed (output above); the env is untouched"
+            )
     for local in p.spec.pip_local:
         progress(f"pip: installing {local} (--no-deps)")
         if subprocess.run(base + ["--no-build-isolation", "--no-index", str(local)], env=env).returncode != 0:
@@ -319,8 +365,15 @@ def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str
         "spec": str(p.spec.path),
         "hooks_version": hooks.hooks_version(),
         "installer": installer,
-        "packages": [{"name": r.name.normalized, "version": str(r.version), "build": str(r.build),
-                      "sha256": r.sha256.hex()} for r in records],
+        "packages": [
+            {
+                "name": r.name.normalized,
+                "version": str(r.version),
+                "build": str(r.build),
+                "sha256": r.sha256.hex(),
+            }
+            for r in records
+        ],
         "pip": pip,
         "files": files,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -353,9 +406,18 @@ def _clean_stale(target: Path, keep: str | None, progress: Progress) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None, cache_dir: Path | None = None,
-              pip_index: str | None = None, pip_find_links: str | None = None, force: bool = False,
-              progress: Progress | None = None, before_swap: Callable[[Path], None] | None = None) -> dict:
+def provision(
+    p: Plan,
+    *,
+    installer: str = "rattler",
+    mirror: str | None = None,
+    cache_dir: Path | None = None,
+    pip_index: str | None = None,
+    pip_find_links: str | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    before_swap: Callable[[Path], None] | None = None,
+) -> dict:
     """Build `p` into a new generation and swap it in; a no-op when the env is up to date."""
     progress = progress or Progress()
     cache_dir = Path(cache_dir or default_cache_dir())
@@ -364,22 +426,34 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
     if installer not in INSTALLERS:
         raise ProvisionError(f"--installer {installer}: choose one of {', '.join(INSTALLERS)}")
     if not force and up_to_date(p):  # fast path, before taking the lock
-        return {"action": "up-to-date", "prefix": str(target), "seconds": round(time.monotonic() - started, 3)}
+        return {
+            "action": "up-to-date",
+            "prefix": str(target),
+            "seconds": round(time.monotonic() - started, 3),
+        }
     with _env_lock(target):
         if not force and up_to_date(p):  # another provision just finished it
-            return {"action": "up-to-date", "prefix": str(target), "seconds": round(time.monotonic() - started, 3)}
+            return {
+                "action": "up-to-date",
+                "prefix": str(target),
+                "seconds": round(time.monotonic() - started, 3),
+            }
         if target.exists() and not target.is_symlink():
             if target.is_dir() and not any(target.iterdir()):
                 target.rmdir()
             else:
                 raise ProvisionError(
                     f"{target} exists and was not made by bin/provision (it is not a symlink to a generation); "
-                    f"remove it (rm -rf {target}) or choose another --prefix")
+                    f"remove it (rm -rf {target}) or choose another --prefix"
+                )
         previous = os.path.realpath(target) if target.is_symlink() else None
         _clean_stale(target, previous, progress)
 
         # A fresh name every time: reusing one (same second, same state) could delete the live generation.
-        gen = generations_dir(target) / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}-{secrets.token_hex(4)}"
+        gen = (
+            generations_dir(target)
+            / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}-{secrets.token_hex(4)}"
+        )
         gen.parent.mkdir(parents=True, exist_ok=True)
         progress(f"building {target} as {gen.name} from {p.lock_path.name} ({p.platform})")
         try:
@@ -404,5 +478,11 @@ def provision(p: Plan, *, installer: str = "rattler", mirror: str | None = None,
         ok, reason = prefixes.completeness(target)
         if not ok:
             raise ProvisionError(f"internal error: the new env is not complete: {reason}")
-        return {"action": "provisioned", "prefix": str(target), "generation": str(gen),
-                "packages": len(records), "pip": len(pip), "seconds": round(time.monotonic() - started, 3)}
+        return {
+            "action": "provisioned",
+            "prefix": str(target),
+            "generation": str(gen),
+            "packages": len(records),
+            "pip": len(pip),
+            "seconds": round(time.monotonic() - started, 3),
+        }

@@ -56,7 +56,12 @@ class VirtualPackages:
     archspec: str = "x86_64"
 
     def as_dict(self) -> dict[str, str]:
-        out = {"__unix": "0", "__linux": self.linux, "__glibc": self.glibc, "__archspec": f"1 {self.archspec}"}
+        out = {
+            "__unix": "0",
+            "__linux": self.linux,
+            "__glibc": self.glibc,
+            "__archspec": f"1 {self.archspec}",
+        }
         if self.cuda:
             out["__cuda"] = self.cuda
         return out
@@ -64,7 +69,10 @@ class VirtualPackages:
     @classmethod
     def from_dict(cls, d: dict[str, str]) -> VirtualPackages:
         return cls(
-            glibc=d["__glibc"], cuda=d.get("__cuda", ""), linux=d["__linux"], archspec=d["__archspec"].split()[-1]
+            glibc=d["__glibc"],
+            cuda=d.get("__cuda", ""),
+            linux=d["__linux"],
+            archspec=d["__archspec"].split()[-1],
         )
 
     def for_rattler(self) -> list:
@@ -102,15 +110,18 @@ def run_async(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
-async def solve_conda(spec: EnvSpec, platform: str, vpkgs: VirtualPackages, mirrors: list[str] | None,
-                      cache_dir: Path) -> list[tuple]:
+async def solve_conda(
+    spec: EnvSpec, platform: str, vpkgs: VirtualPackages, mirrors: list[str] | None, cache_dir: Path
+) -> list[tuple]:
     """Solve the conda part; returns (record, canonical_url) pairs, canonical = the spec's channel."""
     from rattler import Channel, Gateway, solve
 
     canonical = [channel_url(c, spec.path.parent) for c in spec.channels]
     sources = [m.rstrip("/") for m in mirrors] if mirrors else canonical
     if len(sources) != len(canonical):
-        raise LockError(f"--channel was given {len(sources)} times; {spec.path} lists {len(canonical)} channels")
+        raise LockError(
+            f"--channel was given {len(sources)} times; {spec.path} lists {len(canonical)} channels"
+        )
     try:
         records = await solve(
             sources=[Channel(s) for s in sources],
@@ -129,7 +140,7 @@ async def solve_conda(spec: EnvSpec, platform: str, vpkgs: VirtualPackages, mirr
         url = str(rec.url)
         for src, canon in zip(sources, canonical, strict=True):
             if url.startswith(src + "/"):
-                url = canon + url[len(src):]
+                url = canon + url[len(src) :]
         out.append((rec, url))
     return out
 
@@ -144,9 +155,15 @@ def _conda_locked(rec, url: str, platform: str):
         name, _, constraint = dep.partition(" ")
         deps[name] = constraint.strip() or "*"
     return LockedDependency(
-        name=rec.name.normalized, version=str(rec.version), manager="conda", platform=platform,
-        dependencies=deps, url=url, hash=HashModel(md5=rec.md5.hex(), sha256=rec.sha256.hex()),
-        categories={"main"}, build=str(rec.build),
+        name=rec.name.normalized,
+        version=str(rec.version),
+        manager="conda",
+        platform=platform,
+        dependencies=deps,
+        url=url,
+        hash=HashModel(md5=rec.md5.hex(), sha256=rec.sha256.hex()),
+        categories={"main"},
+        build=str(rec.build),
     )
 
 
@@ -164,20 +181,41 @@ def resolve_pip(requirements: list[str], python_version: str, glibc: str, index_
     The user's pip config (constraints, find-links) is ignored on purpose: the lock is for the cluster."""
     if not requirements:
         return []
-    cmd = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
-           "--quiet", "--report", "-", "--only-binary=:all:", "--python-version", python_version,
-           "--implementation", "cp", "--abi", f"cp{python_version.replace('.', '')}", "--index-url", index_url]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--isolated",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        "-",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{python_version.replace('.', '')}",
+        "--index-url",
+        index_url,
+    ]
     for tag in manylinux_platforms(glibc):
         cmd += ["--platform", tag]
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
     proc = subprocess.run(cmd + requirements, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        raise LockError(f"pip could not resolve the pip part ({' '.join(requirements)}):\n{proc.stderr[-3000:]}")
+        raise LockError(
+            f"pip could not resolve the pip part ({' '.join(requirements)}):\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout)["install"]
 
 
-def _pip_locked(items: list[dict], conda_versions: dict[str, str], platform: str, python_version: str,
-                warn) -> list:
+def _pip_locked(
+    items: list[dict], conda_versions: dict[str, str], platform: str, python_version: str, warn
+) -> list:
     """conda-lock entries for pip's resolution; packages conda already provides at a version every
     requirement accepts are left to conda (conda-lock does the same)."""
     from conda_lock.lockfile.v2prelim.models import HashModel, LockedDependency
@@ -186,8 +224,14 @@ def _pip_locked(items: list[dict], conda_versions: dict[str, str], platform: str
     from packaging.utils import canonicalize_name
     from packaging.version import Version
 
-    marker_env = {**default_environment(), "python_version": python_version, "sys_platform": "linux",
-                  "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
+    marker_env = {
+        **default_environment(),
+        "python_version": python_version,
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "extra": "",
+    }
     requires: dict[str, list[tuple[str, Requirement]]] = {}
     for item in items:
         for text in item["metadata"].get("requires_dist") or []:
@@ -200,7 +244,9 @@ def _pip_locked(items: list[dict], conda_versions: dict[str, str], platform: str
         name = canonicalize_name(meta["name"])
         if name in conda_versions:
             conda_version = Version(conda_versions[name])
-            unmet = [f"{who} needs {r}" for who, r in requires.get(name, []) if conda_version not in r.specifier]
+            unmet = [
+                f"{who} needs {r}" for who, r in requires.get(name, []) if conda_version not in r.specifier
+            ]
             if not unmet:
                 continue
             warn(f"pip overrides conda's {name} {conda_version}: {'; '.join(unmet)}")
@@ -214,10 +260,18 @@ def _pip_locked(items: list[dict], conda_versions: dict[str, str], platform: str
             if req.marker is None or req.marker.evaluate(marker_env):
                 # "" not "*" for "any version": rattler's lock parser rejects "*" as a PEP 440 specifier
                 deps[canonicalize_name(req.name)] = str(req.specifier)
-        out.append(LockedDependency(
-            name=name, version=meta["version"], manager="pip", platform=platform, dependencies=deps,
-            url=info["url"], hash=HashModel(sha256=sha256), categories={"main"},
-        ))
+        out.append(
+            LockedDependency(
+                name=name,
+                version=meta["version"],
+                manager="pip",
+                platform=platform,
+                dependencies=deps,
+                url=info["url"],
+                hash=HashModel(sha256=sha256),
+                categories={"main"},
+            )
+        )
     return out
 
 
@@ -235,14 +289,17 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VirtualPackages) -> str:
         if spec.pip or spec.pip_local:
             deps.append({"pip": list(spec.pip)})
         lockable = Path(tmp, "environment.yml")
-        channels = [channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c
-                    for c in spec.channels]
+        channels = [
+            channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c for c in spec.channels
+        ]
         lockable.write_text(yaml.safe_dump({"name": spec.name, "channels": channels, "dependencies": deps}))
         vp_file = Path(tmp, "virtual-packages.yml")
         vp_file.write_text(yaml.safe_dump({"subdirs": {platform: {"packages": vpkgs.as_dict()}}}))
         mapping = Path(tmp, "pypi-mapping.json")  # names map to themselves; no download of conda-lock's map
         mapping.write_text("{}")
-        lock_spec = make_lock_spec(src_files=[lockable], platform_overrides=[platform], mapping_url=str(mapping))
+        lock_spec = make_lock_spec(
+            src_files=[lockable], platform_overrides=[platform], mapping_url=str(mapping)
+        )
         repo = virtual_package_repo_from_specification(vp_file)
         return compute_content_hashes(lock_spec, repo)[platform]
 
@@ -272,7 +329,9 @@ def read_header(lock_path: Path) -> LockHeader:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{lock_path}:{mark.line + 1}" if mark else str(lock_path)
-        raise LockError(f"{where}: malformed YAML ({getattr(exc, 'problem', exc)}); relock with --relock") from None
+        raise LockError(
+            f"{where}: malformed YAML ({getattr(exc, 'problem', exc)}); relock with --relock"
+        ) from None
     if not isinstance(data, dict) or data.get("version") != 1 or "metadata" not in data:
         raise LockError(f"{lock_path}: not a conda-lock v1 file; relock with `bin/provision NAME --relock`")
     meta = data["metadata"]
@@ -280,10 +339,17 @@ def read_header(lock_path: Path) -> LockHeader:
     try:
         vpkgs = VirtualPackages.from_dict(json.loads(custom[_CUSTOM_VPKGS]))
     except (KeyError, ValueError) as exc:
-        raise LockError(f"{lock_path}: metadata.custom_metadata.{_CUSTOM_VPKGS} missing or bad ({exc}); "
-                        f"the lock was not made by bin/provision: relock") from None
-    return LockHeader(Path(lock_path), list(meta.get("platforms", [])), dict(meta.get("content_hash", {})),
-                      vpkgs, hashlib.sha256(raw).hexdigest())
+        raise LockError(
+            f"{lock_path}: metadata.custom_metadata.{_CUSTOM_VPKGS} missing or bad ({exc}); "
+            f"the lock was not made by bin/provision: relock"
+        ) from None
+    return LockHeader(
+        Path(lock_path),
+        list(meta.get("platforms", [])),
+        dict(meta.get("content_hash", {})),
+        vpkgs,
+        hashlib.sha256(raw).hexdigest(),
+    )
 
 
 def check_lock(spec: EnvSpec, lock_path: Path, platform: str) -> LockHeader:
@@ -291,23 +357,35 @@ def check_lock(spec: EnvSpec, lock_path: Path, platform: str) -> LockHeader:
     header = read_header(lock_path)
     relock = f"relock with `bin/provision {spec.name} --relock` (file {spec.path})"
     if platform not in header.platforms or platform not in header.content_hash:
-        raise LockError(f"{lock_path} has no packages for platform {platform} (it has "
-                        f"{', '.join(header.platforms) or 'none'}); add {platform} to `platforms:` and {relock}")
+        raise LockError(
+            f"{lock_path} has no packages for platform {platform} (it has "
+            f"{', '.join(header.platforms) or 'none'}); add {platform} to `platforms:` and {relock}"
+        )
     data = yaml.load(Path(lock_path).read_bytes(), Loader=_YAML_LOADER)
     inputs = (data["metadata"].get("inputs_metadata") or {}).values()
     if spec_sha256(spec.path) in {i.get("sha256") for i in inputs}:
         return header  # the very file this lock was made from
     if content_hash(spec, platform, header.virtual_packages) != header.content_hash[platform]:
-        raise LockError(f"{lock_path} does not match {spec.path} (drift: the dependencies or channels changed "
-                        f"since it was locked); {relock}")
+        raise LockError(
+            f"{lock_path} does not match {spec.path} (drift: the dependencies or channels changed "
+            f"since it was locked); {relock}"
+        )
     return header
 
 
 # --- writing --------------------------------------------------------------------------------------
 
 
-def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors: list[str] | None,
-              cache_dir: Path, pip_index: str = PYPI_INDEX, log=print) -> dict:
+def make_lock(
+    spec: EnvSpec,
+    lock_path: Path,
+    *,
+    vpkgs: VirtualPackages,
+    mirrors: list[str] | None,
+    cache_dir: Path,
+    pip_index: str = PYPI_INDEX,
+    log=print,
+) -> dict:
     """Solve and write `lock_path` atomically; returns a summary."""
     from conda_lock.lockfile import write_conda_lock_file
     from conda_lock.lockfile.v1.models import InputMeta, LockMeta, MetadataOption, TimeMeta
@@ -318,8 +396,10 @@ def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors
     summary: dict = {"lockfile": str(lock_path), "platforms": {}}
     packages, hashes = [], {}
     for platform in spec.platforms:
-        log(f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
-            f"(virtual packages {vpkgs.as_dict()})")
+        log(
+            f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
+            f"(virtual packages {vpkgs.as_dict()})"
+        )
         solved = run_async(solve_conda(spec, platform, vpkgs, mirrors, cache_dir))
         conda = [_conda_locked(rec, url, platform) for rec, url in solved]
         python = next((p for p in conda if p.name == "python"), None)
@@ -328,7 +408,9 @@ def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors
             if python is None:
                 raise LockError(f"{spec.path}: a pip part needs python among the conda packages")
             py_version = ".".join(python.version.split(".")[:2])
-            log(f"resolving pip part for python {py_version} manylinux (glibc {vpkgs.glibc}) against {pip_index}")
+            log(
+                f"resolving pip part for python {py_version} manylinux (glibc {vpkgs.glibc}) against {pip_index}"
+            )
             items = resolve_pip(spec.pip, py_version, vpkgs.glibc, pip_index)
             pip = _pip_locked(items, {p.name: p.version for p in conda}, platform, py_version, log)
         packages += conda + pip
@@ -341,22 +423,30 @@ def make_lock(spec: EnvSpec, lock_path: Path, *, vpkgs: VirtualPackages, mirrors
         source = str(spec.path)
     meta = LockMeta(
         content_hash=hashes,
-        channels=[Channel.from_string(channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c)
-                  for c in spec.channels],
+        channels=[
+            Channel.from_string(channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c)
+            for c in spec.channels
+        ],
         platforms=list(spec.platforms),
         sources=[source],
         time_metadata=TimeMeta.create(),
-        inputs_metadata={source: InputMeta.create({MetadataOption.InputMd5, MetadataOption.InputSha}, spec.path)},
-        custom_metadata={_CUSTOM_VPKGS: json.dumps(vpkgs.as_dict(), sort_keys=True),
-                         "lingbot_locked_by": "bin/provision --relock (provision/lock.py)"},
+        inputs_metadata={
+            source: InputMeta.create({MetadataOption.InputMd5, MetadataOption.InputSha}, spec.path)
+        },
+        custom_metadata={
+            _CUSTOM_VPKGS: json.dumps(vpkgs.as_dict(), sort_keys=True),
+            "lingbot_locked_by": "bin/provision --relock (provision/lock.py)",
+        },
     )
     # written under its own name in a private directory (the writer puts the name in its help text),
     # then renamed over the old lock: a killed relock never leaves a half-written lock
     with tempfile.TemporaryDirectory(prefix=f".{lock_path.name}.", dir=lock_path.parent) as tmp:
         staged = Path(tmp, lock_path.name)
-        write_conda_lock_file(Lockfile(package=packages, metadata=meta), staged,
-                              metadata_choices={MetadataOption.TimeStamp, MetadataOption.InputMd5,
-                                                MetadataOption.InputSha})
+        write_conda_lock_file(
+            Lockfile(package=packages, metadata=meta),
+            staged,
+            metadata_choices={MetadataOption.TimeStamp, MetadataOption.InputMd5, MetadataOption.InputSha},
+        )
         os.replace(staged, lock_path)
     summary["content_hash"] = hashes
     return summary

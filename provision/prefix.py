@@ -79,7 +79,10 @@ def completeness(prefix: Path) -> tuple[bool, str]:
     except (OSError, ValueError) as exc:
         return False, str(exc)
     if manifest.get("format") != MANIFEST_FORMAT:
-        return False, f"{manifest_path(prefix)}: manifest format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}; {fix}"
+        return (
+            False,
+            f"{manifest_path(prefix)}: manifest format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}; {fix}",
+        )
     if manifest.get("complete") is not True:
         return False, f"{manifest_path(prefix)} does not mark the env complete; {fix}"
     real = os.path.realpath(prefix)

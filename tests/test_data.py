@@ -21,12 +21,25 @@ EPISODES, LENGTH = 3, 24
 
 def small_cfg(path, **overrides):
     cfg = RunConfig()
-    apply_overrides(cfg, {
-        "data.path": str(path), "data.generated_episodes": EPISODES, "data.generated_length": LENGTH,
-        "data.frames": 4, "data.frames_per_chunk": 2, "model.latent_size": 8, "model.latent_channels": 4,
-        "model.dim": 32, "model.depth": 2, "model.heads": 2, "model.attn_block": 32,
-        "train.grad_accum": 3, **overrides,
-    }, "test")
+    apply_overrides(
+        cfg,
+        {
+            "data.path": str(path),
+            "data.generated_episodes": EPISODES,
+            "data.generated_length": LENGTH,
+            "data.frames": 4,
+            "data.frames_per_chunk": 2,
+            "model.latent_size": 8,
+            "model.latent_channels": 4,
+            "model.dim": 32,
+            "model.depth": 2,
+            "model.heads": 2,
+            "model.attn_block": 32,
+            "train.grad_accum": 3,
+            **overrides,
+        },
+        "test",
+    )
     cfg.validate()
     return cfg
 
@@ -46,7 +59,12 @@ def test_generated_files_round_trip(dataset):
     assert ep.furniture == "one_leg" and ep.num_actions == LENGTH and ep.num_observations == LENGTH + 1
     np.testing.assert_array_equal(ep.actions, np.stack(raw["actions"]))
     np.testing.assert_array_equal(ep.images["color_image2"][5], raw["observations"][5]["color_image2"])
-    assert ep.images["color_image1"].dtype == np.uint8 and ep.images["color_image1"].shape == (LENGTH + 1, 224, 224, 3)
+    assert ep.images["color_image1"].dtype == np.uint8 and ep.images["color_image1"].shape == (
+        LENGTH + 1,
+        224,
+        224,
+        3,
+    )
     for key, n in ROBOT_STATE.items():
         assert ep.robot_state[key].shape == (LENGTH + 1, n)
     assert ep.rewards.shape == ep.skills.shape == (LENGTH,)
@@ -82,20 +100,43 @@ def _write_broken(tmp_path, mutate, name="7.pkl"):
 @pytest.mark.parametrize(
     ("mutate", "key", "problem"),
     [
-        (lambda d: d["observations"][2]["robot_state"].pop("ee_pos"), "observations[2].robot_state.ee_pos", "missing"),
+        (
+            lambda d: d["observations"][2]["robot_state"].pop("ee_pos"),
+            "observations[2].robot_state.ee_pos",
+            "missing",
+        ),
         (lambda d: d.pop("actions"), "actions", "missing"),
         (lambda d: d.pop("furniture"), "furniture", "missing"),
-        (lambda d: d["observations"][1].__setitem__("color_image2", np.zeros((100, 100, 3), np.uint8)),
-         "observations[1].color_image2", "expected shape (224, 224, 3), got (100, 100, 3)"),
+        (
+            lambda d: d["observations"][1].__setitem__("color_image2", np.zeros((100, 100, 3), np.uint8)),
+            "observations[1].color_image2",
+            "expected shape (224, 224, 3), got (100, 100, 3)",
+        ),
         (lambda d: d["actions"].__setitem__(3, np.zeros(7)), "actions[3]", "expected shape (8,), got (7,)"),
-        (lambda d: d["observations"][0]["robot_state"].__setitem__("joint_positions", np.zeros(6)),
-         "observations[0].robot_state.joint_positions", "expected shape (7,)"),
-        (lambda d: d.update(actions=[], rewards=[], skills=[], observations=d["observations"][:1]), "actions", "empty episode"),
+        (
+            lambda d: d["observations"][0]["robot_state"].__setitem__("joint_positions", np.zeros(6)),
+            "observations[0].robot_state.joint_positions",
+            "expected shape (7,)",
+        ),
+        (
+            lambda d: d.update(actions=[], rewards=[], skills=[], observations=d["observations"][:1]),
+            "actions",
+            "empty episode",
+        ),
         (lambda d: d["rewards"].pop(), "rewards", "expected 4 entries"),
         (lambda d: d.update(observations=d["observations"][:3]), "observations", "expected 5"),
     ],
-    ids=["missing-state", "missing-actions", "missing-furniture", "image-shape", "action-shape", "joint-shape",
-         "empty", "rewards-length", "observations-length"],
+    ids=[
+        "missing-state",
+        "missing-actions",
+        "missing-furniture",
+        "image-shape",
+        "action-shape",
+        "joint-shape",
+        "empty",
+        "rewards-length",
+        "observations-length",
+    ],
 )
 def test_bad_data_names_file_and_key(tmp_path, mutate, key, problem):
     path = _write_broken(tmp_path, mutate)
@@ -169,7 +210,9 @@ def test_quantile_normalizer():
     np.testing.assert_allclose(norm.normalize(norm.q99[None])[:, 0], [1.0], atol=1e-6)
     assert (out[:, 1] == 0).all()  # constant channel
     inside = acts[(acts[:, 0] > norm.q01[0]) & (acts[:, 0] < norm.q99[0])]
-    np.testing.assert_allclose(norm.denormalize(norm.normalize(inside))[:, 0], inside[:, 0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        norm.denormalize(norm.normalize(inside))[:, 0], inside[:, 0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_latent_cache_is_used(dataset, monkeypatch):
@@ -199,7 +242,7 @@ def test_micro_batch_is_deterministic_and_stateless(dataset):
     assert not torch.equal(x["latent_noise"], other["latent_noise"])
     assert x["latents"].shape == (2, 4, 4, 8, 8) and x["actions"].shape == (2, 8, cfg.model.action_dim)
     assert a0.tokens_per_micro_batch == 2 * 2 * (4 * 16 + 8)
-    assert x["actions"][..., cfg.model.action_used:].abs().max() == 0
+    assert x["actions"][..., cfg.model.action_used :].abs().max() == 0
     assert x["actions"].abs().max() <= 1
 
 
@@ -223,4 +266,6 @@ def test_chunk_and_window_choices_per_step(dataset):
     choices = {s0.mask_choices(step) for step in range(40)}
     assert {c for c, _ in choices} == {1, 2, 4} and {w for _, w in choices} == {1, 3}
     b0, b1 = s0.micro_batch(7, 0), s1.micro_batch(7, 2)
-    assert int(b0["frames_per_chunk"]) == int(b1["frames_per_chunk"]) and int(b0["window"]) == int(b1["window"])
+    assert int(b0["frames_per_chunk"]) == int(b1["frames_per_chunk"]) and int(b0["window"]) == int(
+        b1["window"]
+    )

@@ -39,8 +39,10 @@ def envs(toolchain_channel, tmp_path_factory) -> Envs:
     """Both envs, locked and provisioned exactly as `bin/provision --relock` + `bin/provision` do."""
     root = tmp_path_factory.mktemp("envcheck-envs")
     prefixes = {}
-    for kind, deps in (("bare", ["lingbot-probe"]),
-                       ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64"])):
+    for kind, deps in (
+        ("bare", ["lingbot-probe"]),
+        ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64"]),
+    ):
         spec_dir = root / kind
         spec_dir.mkdir()
         spec_path = spec_dir / "environment.yml"
@@ -115,9 +117,22 @@ def test_env_and_prefix_together_is_a_usage_error(tmp_path):
 
 
 def test_scrubbed_environment_drops_the_login_shell():
-    login = {"PATH": "/opt/gcc/bin:/usr/bin", "CC": "/usr/bin/gcc", "CPATH": "/usr/include", "HOME": "/h",
-             "USER": "u", "LANG": "en_US.UTF-8", "LD_LIBRARY_PATH": "/opt/x", "CONDA_PREFIX": "/envs/other"}
-    assert scrubbed_environment(login) == {"PATH": "/usr/bin:/bin", "HOME": "/h", "USER": "u", "LANG": "en_US.UTF-8"}
+    login = {
+        "PATH": "/opt/gcc/bin:/usr/bin",
+        "CC": "/usr/bin/gcc",
+        "CPATH": "/usr/include",
+        "HOME": "/h",
+        "USER": "u",
+        "LANG": "en_US.UTF-8",
+        "LD_LIBRARY_PATH": "/opt/x",
+        "CONDA_PREFIX": "/envs/other",
+    }
+    assert scrubbed_environment(login) == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/h",
+        "USER": "u",
+        "LANG": "en_US.UTF-8",
+    }
 
 
 def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
@@ -133,7 +148,9 @@ def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
         "print('ENVCHECK_RESULT=' + json.dumps({'ok': True, 'dirs': {n: os.environ[n] for n in names},\n"
         "      'contents': {n: os.listdir(os.environ[n]) for n in names}}))\n"
     )
-    run = probes.run_probe("caches", script, sys.executable, {**os.environ, **{k: str(v) for k, v in warm.items()}})
+    run = probes.run_probe(
+        "caches", script, sys.executable, {**os.environ, **{k: str(v) for k, v in warm.items()}}
+    )
     assert run.ok, run.stderr
     for name, path in run.result["dirs"].items():
         assert path != str(warm[name]) and run.result["contents"][name] == []
@@ -177,7 +194,11 @@ def test_login_node_gcc_does_not_fool_worker_mode(envs, tmp_path):
     assert "triton#11512" in fs["message"] and "pytorch#173679" in fs["message"] and "node-local" in fs["fix"]
     assert checks["fs.inductor_cache"]["status"] == PASS  # /tmp stays on the local ext4
     summary = proc.stderr.strip().splitlines()[-1]
-    assert summary.startswith("envcheck: FAILED ") and "variables.CC" in summary and "compile.triton_build" in summary
+    assert (
+        summary.startswith("envcheck: FAILED ")
+        and "variables.CC" in summary
+        and "compile.triton_build" in summary
+    )
 
 
 # --- inside the worker simulation ---------------------------------------------------------------------
@@ -191,23 +212,36 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
     report = json.loads(out.read_text())
     assert_report_shape(report)
     checks = by_name(report)
-    assert {"variables.CC", "variables.CXX", "compile.triton_build", "compile.inductor_cpp"} <= set(report["failed"])
+    assert {"variables.CC", "variables.CXX", "compile.triton_build", "compile.inductor_cpp"} <= set(
+        report["failed"]
+    )
     assert "CC is not set" in checks["variables.CC"]["message"]
     assert "CXX is not set" in checks["variables.CXX"]["message"]
-    for name, package in (("variables.CC", "gcc_linux-64"), ("variables.CXX", "gxx_linux-64"),
-                          ("compile.triton_build", "gcc_linux-64"), ("compile.inductor_cpp", "gxx_linux-64")):
+    for name, package in (
+        ("variables.CC", "gcc_linux-64"),
+        ("variables.CXX", "gxx_linux-64"),
+        ("compile.triton_build", "gcc_linux-64"),
+        ("compile.inductor_cpp", "gxx_linux-64"),
+    ):
         assert f"the env lacks {package}: add it to environment.yml, relock" in checks[name]["fix"], name
     # The errors a job would hit, verbatim.
-    assert ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable"
-            in checks["compile.triton_build"]["message"])
-    assert ("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')"
-            in checks["compile.inductor_cpp"]["message"])
+    assert (
+        "RuntimeError: Failed to find C compiler. Please specify via CC environment variable"
+        in checks["compile.triton_build"]["message"]
+    )
+    assert (
+        "InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')"
+        in checks["compile.inductor_cpp"]["message"]
+    )
     assert checks["compile.flex_attention"]["status"] == SKIP  # same missing compiler, named
     assert checks["node.glibc"]["status"] == FAIL and "sysroot_linux-64" in checks["node.glibc"]["fix"]
     for name in GPU_CHECKS:  # CPU-only node: SKIP with the reason, never PASS
         assert checks[name]["status"] == SKIP and "CPU-only node" in checks[name]["message"]
     summary = proc.stdout.strip().splitlines()[-1]
-    assert summary.startswith("envcheck: FAILED variables.CC, variables.CXX, ") and "compile.inductor_cpp" in summary
+    assert (
+        summary.startswith("envcheck: FAILED variables.CC, variables.CXX, ")
+        and "compile.inductor_cpp" in summary
+    )
     assert "envcheck: compile.inductor_cpp: FAIL in" in proc.stderr  # progress goes to stderr
 
 
@@ -222,8 +256,16 @@ def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tm
     assert_report_shape(report)
     checks = by_name(report)
     assert report["ok"] and report["worker"] and not report["fast"]
-    for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.triton_build",
-                 "compile.inductor_cpp", "compile.flex_attention", "env.lock", "node.glibc"):
+    for name in (
+        "variables.CC",
+        "variables.CXX",
+        "toolchain.sysroot",
+        "compile.triton_build",
+        "compile.inductor_cpp",
+        "compile.flex_attention",
+        "env.lock",
+        "node.glibc",
+    ):
         assert checks[name]["status"] == PASS, checks[name]
     for name in ("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention"):
         assert inside(checks[name]["details"]["compiler_path"], envs.tool), checks[name]["details"]

@@ -45,13 +45,18 @@ def scrubbed(base: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 def shell_env(script: str, env: dict[str, str], *args: str, shell: str = "sh") -> dict[str, str]:
     """The environment left after running `script` in `shell` (sh is dash on Debian: POSIX only)."""
-    out = subprocess.run([shell, "-c", script + '\nenv -0', shell, *args], env=env, capture_output=True,
-                         check=True).stdout.decode()
+    out = subprocess.run(
+        [shell, "-c", script + "\nenv -0", shell, *args], env=env, capture_output=True, check=True
+    ).stdout.decode()
     pairs = (item.split("=", 1) for item in out.split("\0") if item)
     return {k: v for k, v in pairs if k not in SHELL_NOISE}
 
 
-ACTIVATE = 'export CONDA_PREFIX="$1"; export PATH="$1/bin:$PATH"; . "$1/etc/conda/activate.d/' + hooks.HOOK_NAME + '"'
+ACTIVATE = (
+    'export CONDA_PREFIX="$1"; export PATH="$1/bin:$PATH"; . "$1/etc/conda/activate.d/'
+    + hooks.HOOK_NAME
+    + '"'
+)
 DEACTIVATE = '. "$1/etc/conda/deactivate.d/' + hooks.HOOK_NAME + '"; unset CONDA_PREFIX; PATH="$2"'
 
 
@@ -79,8 +84,12 @@ def test_rattler_activation_sources_the_hook(env_prefix, tmp_path):
     from rattler.shell import ActivationVariables, PathModificationBehavior, Shell, activate
 
     base = scrubbed(BASES["user compilers"], tmp_path)
-    result = activate(env_prefix, ActivationVariables(None, base["PATH"].split(":"), PathModificationBehavior.Prepend),
-                      Shell.bash, platform="linux-64")
+    result = activate(
+        env_prefix,
+        ActivationVariables(None, base["PATH"].split(":"), PathModificationBehavior.Prepend),
+        Shell.bash,
+        platform="linux-64",
+    )
     activated = shell_env(result.script, base, shell="bash")  # what `conda activate` would leave
     expected = job_environment(env_prefix, base)
     for name in ("CC", "CXX", "CPATH", "TRITON_CACHE_DIR", "CONDA_PREFIX"):

@@ -145,8 +145,9 @@ def test_missing_or_incomplete_env_fails_preflight(tmp_path, capsys, fake_torchr
 def test_failed_preflight_keeps_the_last_real_run_in_the_summary(tmp_path, capsys, fake_torchrun):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    preempted = summaries.make_summary(summaries.PREEMPTED, steps_requested=40, last_step=12,
-                                       final_losses={"loss": 1.5})
+    preempted = summaries.make_summary(
+        summaries.PREEMPTED, steps_requested=40, last_step=12, final_losses={"loss": 1.5}
+    )
     summaries.write_summary(run_dir, preempted)
     argv = ["furniture_train", "2", "--run-dir", str(run_dir), *TINY, "--env", "nope"]
     for _ in range(2):  # a second failure does not bury the preempted run under the first failure

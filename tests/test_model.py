@@ -14,11 +14,24 @@ from trainer.parallel import apply_activation_checkpointing
 
 def tiny_cfg(path):
     cfg = RunConfig()
-    apply_overrides(cfg, {
-        "data.path": str(path), "data.frames": 4, "data.frames_per_chunk": 1, "data.window": 2,
-        "model.latent_size": 8, "model.latent_channels": 4, "model.dim": 32, "model.depth": 3,
-        "model.heads": 2, "model.attn_block": 32, "train.batch_size": 2, "train.grad_accum": 2,
-    }, "test")
+    apply_overrides(
+        cfg,
+        {
+            "data.path": str(path),
+            "data.frames": 4,
+            "data.frames_per_chunk": 1,
+            "data.window": 2,
+            "model.latent_size": 8,
+            "model.latent_channels": 4,
+            "model.dim": 32,
+            "model.depth": 3,
+            "model.heads": 2,
+            "model.attn_block": 32,
+            "train.batch_size": 2,
+            "train.grad_accum": 2,
+        },
+        "test",
+    )
     cfg.validate()
     return cfg
 

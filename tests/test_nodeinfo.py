@@ -20,7 +20,9 @@ def mountinfo_line(mount_id: int, mount_point: str, fstype: str, source: str) ->
 
 
 def write_table(path: Path, mounts: list[tuple[str, str, str]]) -> Path:
-    lines = [mountinfo_line(20 + i, point, fstype, source) for i, (point, fstype, source) in enumerate(mounts)]
+    lines = [
+        mountinfo_line(20 + i, point, fstype, source) for i, (point, fstype, source) in enumerate(mounts)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -44,7 +46,9 @@ def test_escaped_mount_points_and_symlinks(tmp_path):
     spaced.mkdir()
     link = tmp_path / "link"
     link.symlink_to(spaced)
-    table = write_table(tmp_path / "mountinfo", [("/", "ext4", "/dev/vda"), (str(spaced), "cifs", "//srv/share")])
+    table = write_table(
+        tmp_path / "mountinfo", [("/", "ext4", "/dev/vda"), (str(spaced), "cifs", "//srv/share")]
+    )
     assert nodeinfo.read_mounts(table)[1].mount_point == str(spaced)
     assert nodeinfo.filesystem_type(link / "cache", table) == "cifs"  # the link's target decides
 
@@ -125,4 +129,3 @@ def test_glibc_versions(tmp_path):
 )  # fmt: skip
 def test_gpu_kind(text, kind):
     assert nodeinfo.gpu_kind(text) == kind
-

@@ -30,11 +30,24 @@ RTOL, ATOL = 1e-4, 1e-6
 
 def small_cfg(path):
     cfg = RunConfig()
-    apply_overrides(cfg, {
-        "data.path": str(path), "data.frames": 4, "data.frames_per_chunk": 2, "data.window": 2,
-        "model.latent_size": 8, "model.latent_channels": 4, "model.dim": 32, "model.depth": 2,
-        "model.heads": 2, "model.attn_block": 32, "train.grad_accum": ACCUM, "train.lr": 3e-3,
-    }, "test")
+    apply_overrides(
+        cfg,
+        {
+            "data.path": str(path),
+            "data.frames": 4,
+            "data.frames_per_chunk": 2,
+            "data.window": 2,
+            "model.latent_size": 8,
+            "model.latent_channels": 4,
+            "model.dim": 32,
+            "model.depth": 2,
+            "model.heads": 2,
+            "model.attn_block": 32,
+            "train.grad_accum": ACCUM,
+            "train.lr": 3e-3,
+        },
+        "test",
+    )
     cfg.validate()
     return cfg
 
@@ -102,16 +115,26 @@ def test_grad_sync_last_equals_every_and_unsharded(tmp_path, data_path):
     # reference: one unsharded model that runs both ranks' micro-batches, averaging over ranks
     cfg = small_cfg(data_path)
     torch.manual_seed(0)
-    reference = train(WorldModel(cfg), [build_stream(cfg, r, WORLD) for r in range(WORLD)], cfg, "every",
-                      divide=ACCUM * WORLD)
+    reference = train(
+        WorldModel(cfg),
+        [build_stream(cfg, r, WORLD) for r in range(WORLD)],
+        cfg,
+        "every",
+        divide=ACCUM * WORLD,
+    )
     assert len(result) == 4
     for rank in range(WORLD):
         every = result["every-resharded"][rank]
         assert len(every) == STEPS
         torch.testing.assert_close(torch.tensor(every), torch.tensor(reference[rank]), rtol=RTOL, atol=ATOL)
         for variant, curves in result.items():
-            torch.testing.assert_close(torch.tensor(curves[rank]), torch.tensor(every), rtol=RTOL, atol=ATOL,
-                                       msg=lambda m, v=variant: f"{v}: {m}")
+            torch.testing.assert_close(
+                torch.tensor(curves[rank]),
+                torch.tensor(every),
+                rtol=RTOL,
+                atol=ATOL,
+                msg=lambda m, v=variant: f"{v}: {m}",
+            )
     every = result["every-resharded"]
     assert every[0] != every[1]  # the ranks saw different data
     assert every[0][-1] < every[0][0]  # and it trained

@@ -35,8 +35,9 @@ def cli_env(tmp: Path) -> dict[str, str]:
 
 
 def run_cli(args: list[str], tmp: Path, check: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run(cli(args, tmp), cwd=REPO, env=cli_env(tmp), capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        cli(args, tmp), cwd=REPO, env=cli_env(tmp), capture_output=True, text=True, timeout=300
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -46,11 +47,21 @@ def run_cli(args: list[str], tmp: Path, check: bool = False) -> subprocess.Compl
 def small_channel(tmp_path_factory) -> Path:
     """Two packages, one rewriting its prefix, one with many files (so linking takes a while)."""
     channel = tmp_path_factory.mktemp("small-channel")
-    make_package(channel / "linux-64", "hello", "1.0",
-                 {"bin/hello": f"#!/bin/sh\necho hello from {PREFIX_PLACEHOLDER}\n".encode()},
-                 has_prefix_text=["bin/hello"], depends=["bulk"])
-    make_package(channel / "noarch", "bulk", "1.0",
-                 {f"share/bulk/f{i:04d}.txt": f"file {i}\n".encode() * 50 for i in range(400)}, noarch="generic")
+    make_package(
+        channel / "linux-64",
+        "hello",
+        "1.0",
+        {"bin/hello": f"#!/bin/sh\necho hello from {PREFIX_PLACEHOLDER}\n".encode()},
+        has_prefix_text=["bin/hello"],
+        depends=["bulk"],
+    )
+    make_package(
+        channel / "noarch",
+        "bulk",
+        "1.0",
+        {f"share/bulk/f{i:04d}.txt": f"file {i}\n".encode() * 50 for i in range(400)},
+        noarch="generic",
+    )
     index_channel(channel)
     return channel
 
@@ -59,7 +70,8 @@ def make_project(tmp: Path, channel: Path, name: str = "small-env") -> Path:
     """A spec + lock made by the project's own --relock, like the real environment.yml."""
     spec = tmp / "project" / "environment.yml"
     spec.parent.mkdir(parents=True)
-    spec.write_text(textwrap.dedent(f"""\
+    spec.write_text(
+        textwrap.dedent(f"""\
         name: {name}
         channels:
           - {channel}
@@ -68,7 +80,8 @@ def make_project(tmp: Path, channel: Path, name: str = "small-env") -> Path:
         variables:
           LINGBOT_GPU_KIND: cpu
           TRITON_CACHE_DIR: ${{HOME}}/.triton/cache_{name}_${{LINGBOT_GPU_KIND}}
-        """))
+        """)
+    )
     run_cli(["-f", str(spec), "--relock", "-q"], tmp, check=True)
     return spec
 
@@ -79,7 +92,10 @@ def assert_intact(env: Path) -> dict:
     assert ok, reason
     manifest = prefixes.read_manifest(env)
     gen = manifest["generation"]
-    assert subprocess.run([str(env / "bin" / "hello")], capture_output=True, text=True).stdout == f"hello from {gen}\n"
+    assert (
+        subprocess.run([str(env / "bin" / "hello")], capture_output=True, text=True).stdout
+        == f"hello from {gen}\n"
+    )
     bulk = sorted((env / "share" / "bulk").iterdir())
     assert len(bulk) == 400 and bulk[7].read_text() == "file 7\n" * 50
     return manifest
@@ -104,7 +120,8 @@ def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_chann
     # the previous generation stays, complete, for jobs started from it; the one before it would not
     assert prefixes.completeness(Path(manifest["generation"]))[0]
     assert sorted(p.name for p in generations_dir(env).iterdir()) == sorted(
-        [Path(os.path.realpath(env)).name, Path(manifest["generation"]).name])
+        [Path(os.path.realpath(env)).name, Path(manifest["generation"]).name]
+    )
 
 
 def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
@@ -148,8 +165,9 @@ def test_kill_9_at_random_points_never_yields_a_complete_looking_broken_env(tmp_
     for i in range(trials):
         had_env = env.is_symlink()
         before = prefixes.read_manifest(env)["generation"] if had_env else None
-        proc = subprocess.Popen(args, cwd=REPO, env=cli_env(tmp_path), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         # spread the kills over the whole run (startup, verify, link, hooks, manifest, swap) + jitter
         time.sleep(duration * (i + rng.random()) / trials)
         proc.send_signal(signal.SIGKILL)
@@ -173,7 +191,8 @@ def test_kill_9_at_random_points_never_yields_a_complete_looking_broken_env(tmp_
     run_cli(["-f", str(spec), "--force", "-q"], tmp_path, check=True)  # cleans every leftover
     # what is left: the new generation and the one it replaced (kept for running jobs)
     assert sorted(p.name for p in generations_dir(env).iterdir()) == sorted(
-        [Path(os.path.realpath(env)).name, Path(kept).name])
+        [Path(os.path.realpath(env)).name, Path(kept).name]
+    )
     assert not list(env.parent.glob(".small-env.link-*"))
     # kills landed both before and after the switch
     assert outcomes["old"] + outcomes["none"] > 0 and outcomes["new"] > 0, outcomes
@@ -217,10 +236,13 @@ print("COMPILED-OK")
 
 @pytest.mark.slow
 @pytest.mark.worker
-def test_toolchain_env_compiles_in_the_worker_activated_and_not(tmp_path, toolchain_channel, worker, worker_env):
+def test_toolchain_env_compiles_in_the_worker_activated_and_not(
+    tmp_path, toolchain_channel, worker, worker_env
+):
     spec = tmp_path / "project" / "environment.yml"
     spec.parent.mkdir()
-    spec.write_text(textwrap.dedent(f"""\
+    spec.write_text(
+        textwrap.dedent(f"""\
         name: tool-env
         channels:
           - {toolchain_channel}
@@ -232,7 +254,8 @@ def test_toolchain_env_compiles_in_the_worker_activated_and_not(tmp_path, toolch
         variables:
           LINGBOT_GPU_KIND: cpu
           TRITON_CACHE_DIR: ${{HOME}}/.triton/cache_tool-env_${{LINGBOT_GPU_KIND}}
-        """))
+        """)
+    )
     run_cli(["-f", str(spec), "--relock", "-q"], tmp_path, check=True)
     run_cli(["-f", str(spec), "-q"], tmp_path, check=True)
     env = tmp_path / "envs" / "tool-env"
@@ -242,8 +265,11 @@ def test_toolchain_env_compiles_in_the_worker_activated_and_not(tmp_path, toolch
     worker_env = {**worker_env, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
 
     # not activated: `srun $PREFIX/bin/python`-style, the environment from the env's one variables file
-    plain = worker.run([TOOL_PYTHON, "-c", COMPILE_PROBE, C_EXTENSION],
-                       env=job_environment(env, {**worker_env, "CC": "/usr/bin/gcc"}), timeout=600)
+    plain = worker.run(
+        [TOOL_PYTHON, "-c", COMPILE_PROBE, C_EXTENSION],
+        env=job_environment(env, {**worker_env, "CC": "/usr/bin/gcc"}),
+        timeout=600,
+    )
     assert "COMPILED-OK" in plain.stdout, plain.stdout + plain.stderr
     assert f"CC={cc}" in plain.stdout
 
@@ -259,8 +285,9 @@ def test_toolchain_env_compiles_in_the_worker_activated_and_not(tmp_path, toolch
         show
         """)
     base = {**worker_env, "CC": "/usr/bin/gcc", "CPATH": ""}
-    active = worker.run(["sh", "-c", shell, "sh", str(env), TOOL_PYTHON, COMPILE_PROBE, C_EXTENSION],
-                        env=base, timeout=600)
+    active = worker.run(
+        ["sh", "-c", shell, "sh", str(env), TOOL_PYTHON, COMPILE_PROBE, C_EXTENSION], env=base, timeout=600
+    )
     assert "COMPILED-OK" in active.stdout, active.stdout + active.stderr
     assert f"CC={cc}" in active.stdout  # the user's CC=/usr/bin/gcc did not win
     lines = [line for line in active.stdout.splitlines() if line.startswith("CC=") and "|" in line]

@@ -27,8 +27,14 @@ ENV_NAME = "pip-env"
 
 def run_cli(args: list[str], tmp: Path, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "CONDA_ENVS_PATH": str(tmp / "envs"), "LINGBOT_PKGS_DIR": str(tmp / "cache")}
-    result = subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "provision.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -68,7 +74,8 @@ def write_simple_index(index_dir: Path, wheels: list[Path]) -> str:
         project.mkdir(parents=True, exist_ok=True)
         (project / "index.html").write_text(
             f'<!DOCTYPE html><html><body><a href="{wheel.resolve().as_uri()}#sha256={sha256_of(wheel)}">'
-            f"{wheel.name}</a></body></html>\n")
+            f"{wheel.name}</a></body></html>\n"
+        )
     return index_dir.resolve().as_uri() + "/"
 
 
@@ -88,22 +95,34 @@ def python_channel(tmp_path_factory) -> Path:
 def env_python(prefix: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
     # -I: no PYTHONPATH, no user site, not the cwd: only what is installed in the env
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "CONDA"))}
-    return subprocess.run([str(prefix / "bin" / "python"), "-I", "-c", code], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(prefix / "bin" / "python"), "-I", "-c", code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel: Path, tmp_path: Path):
     wheels = tmp_path / "wheels"
     alpha = write_wheel(wheels, "tinyalpha", "1.0", "VALUE = 'alpha-1.0'\n")
-    beta = write_wheel(wheels, "tinybeta", "2.0", "import tinyalpha\nVALUE = 'beta+' + tinyalpha.VALUE\n",
-                       requires=["tinyalpha>=1.0"])
+    beta = write_wheel(
+        wheels,
+        "tinybeta",
+        "2.0",
+        "import tinyalpha\nVALUE = 'beta+' + tinyalpha.VALUE\n",
+        requires=["tinyalpha>=1.0"],
+    )
     index_url = write_simple_index(tmp_path / "simple", [alpha, beta])
 
     project = tmp_path / "project"
     tiny = project / "tinyproject"
     tiny.mkdir(parents=True)
     (tiny / "tinyproject.py").write_text("VALUE = 'tinyproject-0.1'\n")
-    (tiny / "pyproject.toml").write_text(textwrap.dedent("""\
+    (tiny / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [build-system]
         requires = ["setuptools>=61"]
         build-backend = "setuptools.build_meta"
@@ -114,9 +133,11 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
 
         [tool.setuptools]
         py-modules = ["tinyproject"]
-        """))
+        """)
+    )
     spec = project / "environment.yml"
-    spec.write_text(textwrap.dedent(f"""\
+    spec.write_text(
+        textwrap.dedent(f"""\
         name: {ENV_NAME}
         channels:
           - {python_channel}
@@ -126,7 +147,8 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
           - pip:
               - tinybeta==2.0
               - ./tinyproject
-        """))
+        """)
+    )
 
     # lock: the pip part resolved (tinyalpha comes in as tinybeta's dependency) with the index's hashes
     run_cli(["-f", str(spec), "--relock", "--pip-index", index_url, "-q"], tmp_path)
@@ -160,9 +182,11 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
             assert Path(line.split("=>")[1].split()[0]).resolve().is_relative_to(prefix.resolve()), ldd
 
     # the locked wheels and the local project import from the env's site-packages, no PYTHONPATH
-    code = ("import tinyalpha, tinybeta, tinyproject, sys\n"
-            "print(tinybeta.VALUE, tinyproject.VALUE)\n"
-            "for m in (tinyalpha, tinybeta, tinyproject): print(m.__file__)")
+    code = (
+        "import tinyalpha, tinybeta, tinyproject, sys\n"
+        "print(tinybeta.VALUE, tinyproject.VALUE)\n"
+        "for m in (tinyalpha, tinybeta, tinyproject): print(m.__file__)"
+    )
     got = env_python(prefix, code, elsewhere)
     assert got.returncode == 0, got.stderr
     lines = got.stdout.splitlines()

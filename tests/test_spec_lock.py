@@ -18,10 +18,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, env_extra: dict | None = None, tmp: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONDA_ENVS_PATH": str(tmp / "envs"), "LINGBOT_PKGS_DIR": str(tmp / "cache"),
-           **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "CONDA_ENVS_PATH": str(tmp / "envs"),
+        "LINGBOT_PKGS_DIR": str(tmp / "cache"),
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "provision.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +46,11 @@ def tiny_channel(tmp_path_factory) -> Path:
 def write_spec(directory: Path, channel: Path, deps=("alpha",), name="tiny-env", extra="") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     spec = directory / "environment.yml"
-    spec.write_text(f"name: {name}\nchannels:\n  - {channel}\ndependencies:\n"
-                    + "".join(f"  - {d}\n" for d in deps) + extra)
+    spec.write_text(
+        f"name: {name}\nchannels:\n  - {channel}\ndependencies:\n"
+        + "".join(f"  - {d}\n" for d in deps)
+        + extra
+    )
     return spec
 
 
@@ -129,13 +142,18 @@ def test_malformed_lock_is_refused(tmp_path, tiny_channel):
     assert run_cli("-f", str(spec), tmp=tmp_path).returncode == 2
 
 
-@pytest.mark.parametrize("variables, message", [
-    ("  CC: /usr/bin/gcc\n", "computes from the compiler packages"),
-    ("  X: $(rm -rf /)\n", "must be non-empty plain text"),
-    ("  X: ${UNDEFINED}/y\n", "neither one of"),
-])
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        ("  CC: /usr/bin/gcc\n", "computes from the compiler packages"),
+        ("  X: $(rm -rf /)\n", "must be non-empty plain text"),
+        ("  X: ${UNDEFINED}/y\n", "neither one of"),
+    ],
+)
 def test_bad_variables_are_refused_naming_the_file(tmp_path, tiny_channel, variables, message):
-    spec = write_spec(tmp_path, tiny_channel, deps=("alpha", "gcc_linux-64"), extra="variables:\n" + variables)
+    spec = write_spec(
+        tmp_path, tiny_channel, deps=("alpha", "gcc_linux-64"), extra="variables:\n" + variables
+    )
     with pytest.raises(SpecError, match=message) as info:
         load_spec(spec)
     assert str(spec) in str(info.value)
@@ -149,7 +167,9 @@ def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_chann
     from conda_lock.lockfile import parse_conda_lock_file
 
     spec = write_spec(tmp_path, tiny_channel)
-    result = run_cli("-f", str(spec), "--relock", "--glibc", "2.28", "--cuda", "", "--json", "-q", tmp=tmp_path)
+    result = run_cli(
+        "-f", str(spec), "--relock", "--glibc", "2.28", "--cuda", "", "--json", "-q", tmp=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     lock_path = tmp_path / "conda-lock.yml"
     lock = parse_conda_lock_file(lock_path)
@@ -158,7 +178,9 @@ def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_chann
     header = read_header(lock_path)
     assert header.virtual_packages.glibc == "2.28" and header.virtual_packages.cuda == ""
     rattler_lock = rattler.LockFile.from_path(lock_path)
-    records = rattler_lock.default_environment().conda_repodata_records_for_platform(rattler_lock.platforms()[0])
+    records = rattler_lock.default_environment().conda_repodata_records_for_platform(
+        rattler_lock.platforms()[0]
+    )
     assert {r.name.normalized for r in records} == {"alpha", "beta"}
     check_lock(load_spec(spec), lock_path, "linux-64")
 

@@ -35,8 +35,9 @@ def fake_env_python(tmp_path: Path) -> Path:
 
 def run(root: Path, env_extra: dict) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "HOME": str(root.parent / "home"), **env_extra}
-    return subprocess.run([str(root / "bin" / "envcheck"), "--worker"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [str(root / "bin" / "envcheck"), "--worker"], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_worker_without_the_venv_python_uses_the_provisioned_env(tmp_path):

@@ -110,7 +110,9 @@ class FlexBackend:
     def build_mask(self, mask_mod, length: int, device):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        return create_block_mask(mask_mod, None, None, length, length, device=device, BLOCK_SIZE=self.block_size)
+        return create_block_mask(
+            mask_mod, None, None, length, length, device=device, BLOCK_SIZE=self.block_size
+        )
 
     def attend(self, q, k, v, mask) -> torch.Tensor:
         if self.compiled:

@@ -120,12 +120,24 @@ class RunConfig:
             (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
             (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}"),
             (d.frames % d.frames_per_chunk == 0, "data.frames must be a multiple of data.frames_per_chunk"),
-            (all(d.frames % c == 0 for c in d.chunk_choices), "every data.chunk_choices entry must divide data.frames"),
+            (
+                all(d.frames % c == 0 for c in d.chunk_choices),
+                "every data.chunk_choices entry must divide data.frames",
+            ),
             (d.window >= 0, "data.window must be >= 0"),
-            (t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0, "train.steps, grad_accum, batch_size must be > 0"),
+            (
+                t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0,
+                "train.steps, grad_accum, batch_size must be > 0",
+            ),
             (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
-            (t.mixed_precision in ("auto", "bf16", "fp32"), "train.mixed_precision must be auto, bf16 or fp32"),
-            (self.checkpoint.every > 0 and self.checkpoint.keep > 0, "checkpoint.every and checkpoint.keep must be > 0"),
+            (
+                t.mixed_precision in ("auto", "bf16", "fp32"),
+                "train.mixed_precision must be auto, bf16 or fp32",
+            ),
+            (
+                self.checkpoint.every > 0 and self.checkpoint.keep > 0,
+                "checkpoint.every and checkpoint.keep must be > 0",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -143,7 +155,16 @@ def _coerce(value, annotation, key: str):
         if annotation is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            if isinstance(value, str) and value.lower() in (
+                "true",
+                "1",
+                "yes",
+                "on",
+                "false",
+                "0",
+                "no",
+                "off",
+            ):
                 return value.lower() in ("true", "1", "yes", "on")
             raise ValueError
         if annotation is int:
@@ -189,7 +210,9 @@ def apply_overrides(cfg: RunConfig, overrides: dict, source: str) -> None:
                 raise ConfigError(f"{source}: unknown key {key!r} (known at this level: {known})")
             if i == len(parts) - 1:
                 if dataclasses.is_dataclass(getattr(target, part)):
-                    raise ConfigError(f"{source}: {key!r} is a section; set one of its keys, e.g. {key}.<field>")
+                    raise ConfigError(
+                        f"{source}: {key!r} is a section; set one of its keys, e.g. {key}.<field>"
+                    )
                 setattr(target, part, _coerce(value, hints[part], key))
             else:
                 target = getattr(target, part)

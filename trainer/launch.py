@@ -229,7 +229,15 @@ def check_run_dir(run_dir: Path) -> None:
 # Checks of a provisioned env's own bookkeeping (manifest, lock, variables file, sysroot): they cannot
 # apply to the tool environment, which bin/provision did not make.
 TOOL_ENV_NOT_APPLICABLE = frozenset(
-    {"env.complete", "env.lock", "variables.file", "variables.CC", "variables.CXX", "toolchain.sysroot", "node.glibc"}
+    {
+        "env.complete",
+        "env.lock",
+        "variables.file",
+        "variables.CC",
+        "variables.CXX",
+        "toolchain.sysroot",
+        "node.glibc",
+    }
 )
 
 
@@ -237,7 +245,9 @@ def env_checks(choice: EnvChoice, env: dict[str, str]) -> list[str]:
     """bin/envcheck's fast subset (compilers, caches, node); returns notes, raises PreflightError on a FAIL."""
     from provision.check import FAIL, SKIP, WARN, run_checks
 
-    report = run_checks(choice.prefix, worker=False, fast=True, env=env, compile_as_caller=not choice.provisioned)
+    report = run_checks(
+        choice.prefix, worker=False, fast=True, env=env, compile_as_caller=not choice.provisioned
+    )
     notes, failures, not_applicable, skipped = [], [], [], []  # skipped: Check objects
     for check in report.checks:
         if check.status == FAIL and not choice.provisioned and check.name in TOOL_ENV_NOT_APPLICABLE:

@@ -64,7 +64,9 @@ class TokenLayout:
     block_ids: torch.Tensor
     noise_ids: torch.Tensor
     frame_ids: torch.Tensor  # frame index inside its sample (for positions/timesteps); -1 for padding
-    sections: tuple[int, int, int, int, int]  # lengths: noisy video, clean video, noisy action, clean action, pad
+    sections: tuple[
+        int, int, int, int, int
+    ]  # lengths: noisy video, clean video, noisy action, clean action, pad
 
     @property
     def length(self) -> int:
@@ -97,7 +99,13 @@ def token_layout(
     pad = (-real) % pad_to
 
     def cat(noisy_v, clean_v, noisy_a, clean_a, pad_value):
-        parts = [noisy_v, clean_v, noisy_a, clean_a, torch.full((pad,), pad_value, dtype=torch.long, device=device)]
+        parts = [
+            noisy_v,
+            clean_v,
+            noisy_a,
+            clean_a,
+            torch.full((pad,), pad_value, dtype=torch.long, device=device),
+        ]
         return torch.cat([p.long() for p in parts])
 
     zeros_v, zeros_a = torch.zeros_like(v_seq), torch.zeros_like(a_seq)
@@ -145,4 +153,6 @@ def mask_density(shape: SequenceShape, batch_size: int, frames_per_chunk: int, w
 
 def sequence_shape(cfg) -> SequenceShape:
     side = cfg.model.latent_size // cfg.model.patch
-    return SequenceShape(frames=cfg.data.frames, tokens_per_frame=side * side, actions_per_frame=cfg.data.actions_per_frame)
+    return SequenceShape(
+        frames=cfg.data.frames, tokens_per_frame=side * side, actions_per_frame=cfg.data.actions_per_frame
+    )

@@ -47,7 +47,9 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         half = FREQ_DIM // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half)
+        freqs = torch.exp(
+            -math.log(10000.0) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half
+        )
         angles = (sigma.float() * 1000.0)[..., None] * freqs
         features = torch.cat([angles.cos(), angles.sin()], dim=-1)
         dtype = self.mlp[0].weight.dtype
@@ -166,11 +168,17 @@ class WorldModel(nn.Module):
         frame = torch.arange(s.frames, device=device, dtype=torch.float32)
         cell = torch.arange(s.tokens_per_frame, device=device)
         video = torch.stack(
-            [frame.repeat_interleave(s.tokens_per_frame), (cell // side).float().repeat(s.frames),
-             (cell % side).float().repeat(s.frames)], dim=-1,
+            [
+                frame.repeat_interleave(s.tokens_per_frame),
+                (cell // side).float().repeat(s.frames),
+                (cell % side).float().repeat(s.frames),
+            ],
+            dim=-1,
         ).repeat(batch_size, 1)
         steps = torch.arange(s.action_tokens, device=device, dtype=torch.float32) / s.actions_per_frame
-        action = torch.stack([steps, torch.zeros_like(steps), torch.zeros_like(steps)], dim=-1).repeat(batch_size, 1)
+        action = torch.stack([steps, torch.zeros_like(steps), torch.zeros_like(steps)], dim=-1).repeat(
+            batch_size, 1
+        )
         return torch.cat([video, video, action, action, torch.zeros(pad, 3, device=device)])
 
     @staticmethod
@@ -187,8 +195,10 @@ class WorldModel(nn.Module):
         b, f, c, s, _ = x.shape
         apf = self.shape.actions_per_frame
         if f != self.shape.frames or a.shape[1] != f * apf:
-            raise ValueError(f"batch has {f} frames / {a.shape[1]} actions; the model was built for "
-                             f"{self.shape.frames} frames x {apf} actions per frame")
+            raise ValueError(
+                f"batch has {f} frames / {a.shape[1]} actions; the model was built for "
+                f"{self.shape.frames} frames x {apf} actions per frame"
+            )
 
         # flow matching inputs and targets (noise and levels come with the batch: forward is deterministic)
         noisy_v = add_noise(x, batch["latent_noise"], batch["latent_sigma"])
@@ -201,17 +211,27 @@ class WorldModel(nn.Module):
         layout = token_layout(self.shape, b, batch["frames_per_chunk"], self.cfg.model.attn_block, x.device)
         pad = layout.sections[-1]
         tokens = self._pack(
-            [self.patch_embed(self._patchify(noisy_v)), self.patch_embed(self._patchify(clean_v)),
-             self.action_embed(noisy_a), self.action_embed(a)], pad,
+            [
+                self.patch_embed(self._patchify(noisy_v)),
+                self.patch_embed(self._patchify(clean_v)),
+                self.action_embed(noisy_a),
+                self.action_embed(a),
+            ],
+            pad,
         )
 
         # per-frame flow levels -> per-token embeddings (clean actions are at level 0)
         temb_v, mod_v = self.video_time(torch.cat([batch["latent_sigma"], batch["history_sigma"]], dim=1))
-        temb_a, mod_a = self.action_time(torch.cat([batch["action_sigma"], torch.zeros_like(batch["action_sigma"])], dim=1))
+        temb_a, mod_a = self.action_time(
+            torch.cat([batch["action_sigma"], torch.zeros_like(batch["action_sigma"])], dim=1)
+        )
         tpf = self.shape.tokens_per_frame
 
         def per_token(emb, per_frame):
-            noisy, clean = emb[:, :f].repeat_interleave(per_frame, 1), emb[:, f:].repeat_interleave(per_frame, 1)
+            noisy, clean = (
+                emb[:, :f].repeat_interleave(per_frame, 1),
+                emb[:, f:].repeat_interleave(per_frame, 1),
+            )
             return noisy, clean
 
         temb = self._pack([*per_token(temb_v, tpf), *per_token(temb_a, apf)], pad)
@@ -249,10 +269,19 @@ class WorldModel(nn.Module):
         kernel (flex) must do; the dense sdpa backend does more than this.
         """
         m, s = self.cfg.model, self.shape
-        block = sum(mod.weight.numel() for blk in self.blocks for mod in blk.modules() if isinstance(mod, nn.Linear))
+        block = sum(
+            mod.weight.numel() for blk in self.blocks for mod in blk.modules() if isinstance(mod, nn.Linear)
+        )
         video_share = s.video_tokens / (s.video_tokens + s.action_tokens)
-        embed = video_share * self.patch_embed.weight.numel() + (1 - video_share) * self.action_embed.weight.numel()
-        heads = 0.5 * (video_share * self.video_out.weight.numel() + (1 - video_share) * self.action_out.weight.numel())
-        keys = mask_density(s, self.cfg.train.batch_size, self.cfg.data.frames_per_chunk, self.cfg.data.window)
+        embed = (
+            video_share * self.patch_embed.weight.numel()
+            + (1 - video_share) * self.action_embed.weight.numel()
+        )
+        heads = 0.5 * (
+            video_share * self.video_out.weight.numel() + (1 - video_share) * self.action_out.weight.numel()
+        )
+        keys = mask_density(
+            s, self.cfg.train.batch_size, self.cfg.data.frames_per_chunk, self.cfg.data.window
+        )
         forward = 2 * (block + embed + heads) + 4 * m.dim * keys * m.depth
         return float(3 * forward)

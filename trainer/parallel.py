@@ -39,7 +39,9 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
 def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
     """Shard `model` in place across the default process group; returns it (now an FSDPModule)."""
     if not dist.is_initialized():
-        raise RuntimeError("shard_model: torch.distributed is not initialised; run under torchrun (bin/train)")
+        raise RuntimeError(
+            "shard_model: torch.distributed is not initialised; run under torchrun (bin/train)"
+        )
     device = torch.device(device)
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)

@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     rank_record = RankRecord(attempt_dir, rank)
     rank_record.write("running")
     try:
-        status, step = train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started,
-                             rank_record)
+        status, step = train(
+            cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started, rank_record
+        )
     except BaseException as exc:
         rank_record.write("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
         raise
@@ -149,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def train(cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started,
-          rank_record) -> tuple[str, int]:
+def train(
+    cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started, rank_record
+) -> tuple[str, int]:
     total_steps, grad_accum = cfg.train.steps, cfg.train.grad_accum
     ckpt_root = run_dir / "checkpoints"
 

@@ -40,8 +40,17 @@ PY_MAJOR_MINOR = f"{sys.version_info.major}.{sys.version_info.minor}"
 STDLIB = f"lib/python{PY_MAJOR_MINOR}"
 SITE_PACKAGES = f"{STDLIB}/site-packages"
 # The stdlib's bulk nothing in an env needs (as conda-forge's python, minus its tests and GUI parts).
-STDLIB_SKIP_DIRS = {"site-packages", "test", "idlelib", "tkinter", "ensurepip", "lib2to3", "turtledemo",
-                    "__pycache__", f"config-{PY_MAJOR_MINOR}-x86_64-linux-gnu"}
+STDLIB_SKIP_DIRS = {
+    "site-packages",
+    "test",
+    "idlelib",
+    "tkinter",
+    "ensurepip",
+    "lib2to3",
+    "turtledemo",
+    "__pycache__",
+    f"config-{PY_MAJOR_MINOR}-x86_64-linux-gnu",
+}
 STDLIB_SKIP_PREFIXES = ("_tkinter.", "_test", "xxlimited", "_xxtestfuzz")
 SITE_DISTRIBUTIONS = ("setuptools", "pip")  # in dependency order
 
@@ -60,7 +69,9 @@ def python_packages(cache_root: Path | None = None) -> list[Path]:
     source = Path(sys.base_prefix)
     listing = _python_files(source)
     dists = {name: _distribution_files(name) for name in SITE_DISTRIBUTIONS}
-    builder = hashlib.sha256(Path(__file__).read_bytes() + Path(make_package.__code__.co_filename).read_bytes())
+    builder = hashlib.sha256(
+        Path(__file__).read_bytes() + Path(make_package.__code__.co_filename).read_bytes()
+    )
     key_input = {
         "layout": LAYOUT_VERSION, "builder": builder.hexdigest(), "python": sys.version,
         "files": [(rel, _stat_key(p)) for rel, p in sorted(listing.items())],
@@ -166,8 +177,9 @@ def _build_python(source: Path, listing: dict[str, Path], work: Path) -> Path:
     sysconfigdata = [rel for rel in listing if Path(rel).name.startswith("_sysconfigdata_")]
     for rel in sysconfigdata:
         files[rel] = listing[rel].read_bytes().replace(str(source).encode(), PREFIX_PLACEHOLDER.encode())
-    return make_package(work, "python", sys.version.split()[0], files, build=BUILD,
-                        has_prefix_text=sysconfigdata)
+    return make_package(
+        work, "python", sys.version.split()[0], files, build=BUILD, has_prefix_text=sysconfigdata
+    )
 
 
 def _is_elf(path: Path) -> bool:
@@ -212,8 +224,10 @@ def _relativize_runpath(data: bytearray, old: bytes, new: bytes, what: str) -> b
         start = strtab_off + value
         end = data.index(b"\0", start)
         if bytes(data[start:end]) != old:
-            raise PythonBuildError(f"{what}: runpath {data[start:end].decode()!r} is not {old.decode()!r}; "
-                                   "a relocated copy would load libraries from the build host")
+            raise PythonBuildError(
+                f"{what}: runpath {data[start:end].decode()!r} is not {old.decode()!r}; "
+                "a relocated copy would load libraries from the build host"
+            )
         data[start:end] = new.ljust(end - start, b"\0")
         changed = True
     return changed

@@ -33,7 +33,9 @@ class PatchMeanEncoder:
         depth = 3 * self.ratio**2
         g = torch.Generator().manual_seed(seed)
         basis, _ = torch.linalg.qr(torch.randn(max(depth, channels), max(depth, channels), generator=g))
-        self.mix = basis[:channels, :depth].contiguous()  # (channels, depth), orthonormal rows when depth >= channels
+        self.mix = basis[
+            :channels, :depth
+        ].contiguous()  # (channels, depth), orthonormal rows when depth >= channels
 
     @property
     def cache_key(self) -> str:
@@ -54,7 +56,9 @@ ENCODERS = {"patch_mean": PatchMeanEncoder}
 
 def make_encoder(name: str, channels: int, size: int):
     if name not in ENCODERS:
-        raise ValueError(f"data.encoder={name!r} is not a known encoder (known: {', '.join(sorted(ENCODERS))})")
+        raise ValueError(
+            f"data.encoder={name!r} is not a known encoder (known: {', '.join(sorted(ENCODERS))})"
+        )
     return ENCODERS[name](channels, size)
 
 
@@ -63,7 +67,9 @@ def _source_tag(path: Path) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def encoded_episode(path: Path, encoder, camera: str, cache_root: Path | None) -> tuple[np.ndarray, np.ndarray]:
+def encoded_episode(
+    path: Path, encoder, camera: str, cache_root: Path | None
+) -> tuple[np.ndarray, np.ndarray]:
     """(latents (T_obs, C, S, S), actions (T, 8)) of one episode file, from the cache when valid."""
     path = Path(path)
     entry = None

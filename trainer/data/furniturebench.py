@@ -109,7 +109,9 @@ def validate_episode(data, path: Path, cameras=CAMERAS) -> Episode:
         _fail(path, "actions", "empty episode (no actions)")
     steps = len(actions)
     if len(observations) not in (steps, steps + 1):
-        _fail(path, "observations", f"expected {steps + 1} (len(actions) + 1) entries, got {len(observations)}")
+        _fail(
+            path, "observations", f"expected {steps + 1} (len(actions) + 1) entries, got {len(observations)}"
+        )
     for key, seq in (("rewards", rewards), ("skills", skills)):
         if len(seq) != steps:
             _fail(path, key, f"expected {steps} entries (one per action), got {len(seq)}")
@@ -137,12 +139,18 @@ def validate_episode(data, path: Path, cameras=CAMERAS) -> Episode:
                 _fail(path, f"{where}.robot_state.{key}", "missing")
             state[key][i] = _array(path, f"{where}.robot_state.{key}", rs[key], (n,), np.float32)
 
-    act = np.stack([_array(path, f"actions[{i}]", a, (ACTION_DIM,), np.float32) for i, a in enumerate(actions)])
+    act = np.stack(
+        [_array(path, f"actions[{i}]", a, (ACTION_DIM,), np.float32) for i, a in enumerate(actions)]
+    )
     if not np.isfinite(act).all():
         bad = int(np.argwhere(~np.isfinite(act))[0][0])
         _fail(path, f"actions[{bad}]", "not finite")
-    rew = np.array([_array(path, f"rewards[{i}]", r, (), np.float32) for i, r in enumerate(rewards)], np.float32)
-    skl = np.array([_array(path, f"skills[{i}]", s, (), np.float32) for i, s in enumerate(skills)], np.float32)
+    rew = np.array(
+        [_array(path, f"rewards[{i}]", r, (), np.float32) for i, r in enumerate(rewards)], np.float32
+    )
+    skl = np.array(
+        [_array(path, f"skills[{i}]", s, (), np.float32) for i, s in enumerate(skills)], np.float32
+    )
     return Episode(path, data["furniture"], images, state, act, rew, skl)
 
 
@@ -152,7 +160,9 @@ def read_episode(path: Path, cameras=CAMERAS) -> Episode:
         with open(path, "rb") as f:
             data = pickle.load(f)
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError) as exc:
-        raise DatasetError(f"{path}: <file>: not a readable episode pickle ({type(exc).__name__}: {exc})") from exc
+        raise DatasetError(
+            f"{path}: <file>: not a readable episode pickle ({type(exc).__name__}: {exc})"
+        ) from exc
     return validate_episode(data, path, cameras)
 
 

@@ -80,8 +80,18 @@ class _Renderer:
         self._box(img, tx, ty, 0.07 * scale, 0.07 * scale, 0.0, (225, 225, 210), outline=0.012 * scale)
         part_x, part_y = px(*scene["part_pos"][:2])
         lift = 1.0 + 1.5 * scene["part_pos"][2]  # a lifted part looks bigger from above
-        self._box(img, part_x + 4, part_y + 4, 0.025 * scale * lift, 0.08 * scale * lift, scene["part_yaw"], (35, 30, 25))
-        self._box(img, part_x, part_y, 0.025 * scale * lift, 0.08 * scale * lift, scene["part_yaw"], (230, 140, 40))
+        self._box(
+            img,
+            part_x + 4,
+            part_y + 4,
+            0.025 * scale * lift,
+            0.08 * scale * lift,
+            scene["part_yaw"],
+            (35, 30, 25),
+        )
+        self._box(
+            img, part_x, part_y, 0.025 * scale * lift, 0.08 * scale * lift, scene["part_yaw"], (230, 140, 40)
+        )
         ex, ey = px(*scene["ee_pos"][:2])
         radius = (0.035 + 0.12 * scene["ee_pos"][2]) * scale
         self._disc(img, ex + 0.4 * radius, ey + 0.4 * radius, radius, (30, 30, 35))  # shadow
@@ -144,8 +154,14 @@ def generate_episode(seed: int, index: int, length: int, furniture: str) -> dict
     renderer = _Renderer()
 
     def scene():
-        return dict(ee_pos=ee.copy(), ee_yaw=ee_yaw, gripper_width=width, part_pos=part_pos.copy(),
-                    part_yaw=cur_yaw_part, target=target)
+        return dict(
+            ee_pos=ee.copy(),
+            ee_yaw=ee_yaw,
+            gripper_width=width,
+            part_pos=part_pos.copy(),
+            part_yaw=cur_yaw_part,
+            target=target,
+        )
 
     def observation(vel, ang_vel):
         sc = scene()
@@ -211,7 +227,9 @@ def generate_episode(seed: int, index: int, length: int, furniture: str) -> dict
     }
 
 
-def generate_dataset(out: Path, episodes: int, length: int, furniture: str = "one_leg", seed: int = 0) -> Path:
+def generate_dataset(
+    out: Path, episodes: int, length: int, furniture: str = "one_leg", seed: int = 0
+) -> Path:
     """Write `episodes` episodes to out/<furniture>/<i>.pkl; atomic at the directory level.
 
     `out` must not exist or be an empty directory. Leftover temporary directories of an earlier,
@@ -221,7 +239,9 @@ def generate_dataset(out: Path, episodes: int, length: int, furniture: str = "on
     if episodes <= 0 or length <= 0:
         raise ValueError(f"generate: --episodes and --length must be > 0 (got {episodes}, {length})")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"generate: {out} exists and is not empty; choose another directory or remove it")
+        raise FileExistsError(
+            f"generate: {out} exists and is not empty; choose another directory or remove it"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -229,8 +249,15 @@ def generate_dataset(out: Path, episodes: int, length: int, furniture: str = "on
     (tmp / furniture).mkdir(parents=True)
     for i in range(episodes):
         write_episode(tmp / furniture / f"{i}.pkl", generate_episode(seed, i, length, furniture))
-    meta = dict(generator="trainer.data.generate", version=GENERATOR_VERSION, episodes=episodes,
-                length=length, furniture=furniture, seed=seed, hz=10)
+    meta = dict(
+        generator="trainer.data.generate",
+        version=GENERATOR_VERSION,
+        episodes=episodes,
+        length=length,
+        furniture=furniture,
+        seed=seed,
+        hz=10,
+    )
     (tmp / "GENERATED.json").write_text(json.dumps(meta, indent=1) + "\n")
     if out.is_dir():
         out.rmdir()  # empty (checked above); rename cannot replace a directory that has entries
@@ -239,7 +266,9 @@ def generate_dataset(out: Path, episodes: int, length: int, furniture: str = "on
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.data.generate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.data.generate", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", type=Path, help="dataset root; episodes go to OUT/<task>/<i>.pkl")
     parser.add_argument("--episodes", type=int, required=True)
     parser.add_argument("--length", type=int, default=120, help="actions per episode (10 Hz)")

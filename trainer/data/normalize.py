@@ -25,7 +25,9 @@ class QuantileNormalizer:
         """actions (N, D): any number of rows, all episodes concatenated."""
         actions = np.asarray(actions, np.float64)
         if actions.ndim != 2 or actions.shape[0] == 0:
-            raise ValueError(f"QuantileNormalizer.fit: expected a non-empty (N, D) array, got {actions.shape}")
+            raise ValueError(
+                f"QuantileNormalizer.fit: expected a non-empty (N, D) array, got {actions.shape}"
+            )
         q01, q99 = np.quantile(actions, [0.01, 0.99], axis=0)
         return cls(q01.astype(np.float32), q99.astype(np.float32))
 

@@ -92,7 +92,9 @@ def ensure_dataset(cfg) -> list[Path]:
                     f"{root}: {task}/*.pkl: the directory exists but holds no {task} episodes; "
                     f"point data.path elsewhere or set data.task to a furniture it holds"
                 )
-            generate_dataset(root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed)
+            generate_dataset(
+                root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
+            )
             files = episode_files(root, task)
     return files
 
@@ -109,7 +111,11 @@ class BatchStream:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.shape: SequenceShape = sequence_shape(cfg)
         self.apf = cfg.data.actions_per_frame
-        self.batch_size, self.grad_accum, self.seed = cfg.train.batch_size, cfg.train.grad_accum, cfg.train.seed
+        self.batch_size, self.grad_accum, self.seed = (
+            cfg.train.batch_size,
+            cfg.train.grad_accum,
+            cfg.train.seed,
+        )
         frames, span = cfg.data.frames, cfg.data.frames * self.apf
 
         # per-channel standardisation of the latents (LingBot-VA scales VAE latents by their mean/std)
@@ -164,8 +170,16 @@ class BatchStream:
         """(frames_per_chunk, window) for a step; the same on every rank and micro-step of that step."""
         d = self.cfg.data
         g = _seeded(self.seed, 0xC4C, step)
-        chunk = d.chunk_choices[int(torch.randint(len(d.chunk_choices), (), generator=g))] if d.chunk_choices else d.frames_per_chunk
-        window = d.window_choices[int(torch.randint(len(d.window_choices), (), generator=g))] if d.window_choices else d.window
+        chunk = (
+            d.chunk_choices[int(torch.randint(len(d.chunk_choices), (), generator=g))]
+            if d.chunk_choices
+            else d.frames_per_chunk
+        )
+        window = (
+            d.window_choices[int(torch.randint(len(d.window_choices), (), generator=g))]
+            if d.window_choices
+            else d.window
+        )
         return int(chunk), int(window)
 
     def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
