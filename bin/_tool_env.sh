@@ -70,3 +70,5 @@ if [ -z "${fallback_python:-}" ] && ! tool_env_ready; then
 fi
 # shellcheck disable=SC2034  # used by the script that sources this file
 TOOL_PYTHON=${fallback_python:-$venv/bin/python}
+# The one repository-root notion (provision/paths.py) follows the checkout these bin/* belong to.
+export LINGBOT_REPO_ROOT="$repo_root"
