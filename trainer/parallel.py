@@ -1,5 +1,6 @@
 """FSDP2 for the world model: fully_shard per block and the root, mixed precision, activation checkpointing.
 
+    model = build_model(cfg, device)                     # built, sharded: what every rank trains
     model = shard_model(WorldModel(cfg), cfg, device)   # needs torch.distributed initialised (torchrun)
     prepare_micro_step(model, cfg, micro)                # before each micro-step's forward
     norm = clip_grad_norm(model, cfg.train.grad_clip)
@@ -34,6 +35,17 @@ def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
 def apply_activation_checkpointing(model: nn.Module) -> None:
     for i, block in enumerate(model.blocks):
         model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def build_model(cfg, device: torch.device) -> nn.Module:
+    """The model every rank trains, built and sharded (the one entry point the loop and bench/ use).
+
+    Same seed on every rank: identical initial weights before sharding.
+    """
+    from trainer.model import WorldModel
+
+    torch.manual_seed(cfg.train.seed)
+    return shard_model(WorldModel(cfg), cfg, device)
 
 
 def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:

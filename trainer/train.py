@@ -37,8 +37,7 @@ from trainer.checkpoint import Checkpointer, CheckpointError, resume_conflicts, 
 from trainer.config import load_config, parse_set
 from trainer.data import build_stream
 from trainer.metrics import Metrics, memory_gib
-from trainer.model import WorldModel
-from trainer.parallel import clip_grad_norm, prepare_micro_step, shard_model
+from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
@@ -157,8 +156,7 @@ def train(
     ckpt_root = run_dir / "checkpoints"
 
     # Model, sharding, optimizer. Same seed on every rank: identical initial weights before sharding.
-    torch.manual_seed(cfg.train.seed)
-    model = shard_model(WorldModel(cfg), cfg, device)
+    model = build_model(cfg, device)
     flops_per_token = model.flops_per_token()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
