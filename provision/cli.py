@@ -2,7 +2,14 @@
 
 bin/provision lingbot-b200                   install/refresh the env (a no-op when up to date)
 bin/provision lingbot-b200 --relock          re-solve environment.yml into conda-lock.yml
-bin/provision lingbot-b200 --channel DIR     install from a mirror or local channel (air-gapped)
+bin/provision lingbot-b200 --channel DIR     install from a mirror or local channel
+bin/provision lingbot-b200 --export DIR      download + verify the locked packages into DIR (offline kit)
+bin/provision lingbot-b200 --from DIR        install from such a DIR on a node that reaches nothing
+bin/provision myenv --lockfile conda-lock.yml [--file environment.yml]   any conda-lock v1 file
+
+--json (on bin/provision, bin/envcheck and bin/train alike): stdout carries exactly one JSON object,
+the command's result (on an error {"ok": false, "error": ...}); progress and text go to stderr; the
+exit status does not change.
 """
 
 from __future__ import annotations
@@ -14,9 +21,13 @@ from pathlib import Path
 import click
 
 from provision import prefix as prefixes
-from provision.install import INSTALLERS, Plan, Progress, ProvisionError, default_cache_dir, plan, provision
-from provision.lock import PYPI_INDEX, LockError, VirtualPackages, default_mirrors, make_lock
-from provision.spec import DEFAULT_SPEC, SpecError, check_env_name, load_spec
+from provision import vpkgs
+from provision.export import ExportError, export, from_dir
+from provision.install import INSTALLERS, Progress, ProvisionError, default_cache_dir, plan, provision
+from provision.lock import PYPI_INDEX, LockError, check_lock, current_platform, default_mirrors, make_lock
+from provision.lockfile import read_lock
+from provision.spec import EnvSpec, SpecError, check_env_name, default_spec, load_spec
+from provision.vpkgs import VirtualPackages, VirtualPackagesError
 
 
 def _fail(message: str, as_json: bool) -> None:
@@ -26,142 +37,161 @@ def _fail(message: str, as_json: bool) -> None:
     sys.exit(2)
 
 
+def _spec_for(spec_file: Path | None, lockfile: Path | None) -> EnvSpec | None:
+    """--file, else (with --lockfile) the source the lock records beside it, else this checkout's spec.
+    None: a lock with no environment.yml at hand (installed with a warning)."""
+    if spec_file is not None:
+        return load_spec(spec_file)
+    if lockfile is None:
+        return load_spec(default_spec())
+    sources = []
+    try:
+        import yaml
+
+        sources = (yaml.safe_load(Path(lockfile).read_text()) or {}).get("metadata", {}).get("sources") or []
+    except (OSError, ValueError, AttributeError):
+        pass
+    for source in sources:
+        candidate = Path(lockfile).absolute().parent / str(source)
+        if candidate.name.endswith((".yml", ".yaml")) and candidate.is_file():
+            return load_spec(candidate)
+    return None
+
+
+def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str | None], log) -> dict:
+    """The virtual packages per platform for --relock: the file (default: virtual-packages.yml beside
+    the spec), else bin/provision's defaults; --glibc/--cuda/--linux override single values."""
+    path = vp_file or spec.path.parent / vpkgs.DEFAULT_FILE_NAME
+    if vp_file is not None or path.is_file():
+        by_platform = vpkgs.read_spec_file(path)
+        log(f"virtual packages from {path}")
+    else:
+        by_platform = {p: VirtualPackages() for p in spec.platforms}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:
+        from dataclasses import replace
+
+        by_platform = {p: replace(v, **given) for p, v in by_platform.items()}
+        log(f"virtual packages overridden on the command line: {given} (not written to {path})")
+    return by_platform
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("name", required=False)
-@click.option(
-    "-f",
-    "--file",
-    "spec_file",
-    type=click.Path(path_type=Path),
-    default=DEFAULT_SPEC,
-    show_default=True,
-    help="environment.yml declaring the env (conda's format, one env).",
-)
-@click.option(
-    "--lockfile",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="conda-lock v1 file [default: conda-lock.yml next to the spec].",
-)
-@click.option(
-    "-p",
-    "--prefix",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Env location [default: NAME under $CONDA_ENVS_PATH, else ~/.conda/envs].",
-)
+@click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), default=None,
+              help="environment.yml declaring the env [default: this checkout's; with --lockfile, the "
+              "source the lock names beside it, else none: drift is not checked].")
+@click.option("--lockfile", type=click.Path(path_type=Path), default=None,
+              help="conda-lock v1 file (ours or conda-lock's) [default: conda-lock.yml next to the spec].")
+@click.option("-p", "--prefix", type=click.Path(path_type=Path), default=None,
+              help="Env location [default: NAME under $CONDA_ENVS_PATH, else ~/.conda/envs].")
 @click.option("--relock", is_flag=True, help="Solve the spec and (re)write the lock file, then stop.")
-@click.option(
-    "--channel",
-    "channels",
-    multiple=True,
-    help="Mirror or local channel (URL or directory) to use instead of the spec's channel: "
-    "repodata for --relock, package files for install. Repeat per spec channel for --relock.",
-)
-@click.option(
-    "--installer",
-    type=click.Choice(INSTALLERS),
-    default="rattler",
-    show_default=True,
-    help="What links the conda packages (others only when on PATH); never a re-solve.",
-)
-@click.option(
-    "--glibc", default=VirtualPackages.glibc, show_default=True, help="--relock: __glibc of the workers."
-)
-@click.option(
-    "--cuda",
-    default=VirtualPackages.cuda,
-    show_default=True,
-    help="--relock: __cuda of the cluster driver ('' for none).",
-)
-@click.option(
-    "--linux",
-    "linux_version",
-    default=VirtualPackages.linux,
-    show_default=True,
-    help="--relock: __linux (kernel) of the workers.",
-)
+@click.option("--virtual-package-spec", "vp_file", type=click.Path(path_type=Path), default=None,
+              help="conda-lock's --virtual-package-spec file [default: virtual-packages.yml beside the spec]: "
+              "--relock solves with it; install uses it for the drift check of a lock that records none.")
+@click.option("--channel", "channels", multiple=True,
+              help="Mirror or local channel (URL or directory) to use instead of the spec's channel: "
+              "repodata for --relock, package files for install. Repeat per spec channel for --relock.")
+@click.option("--export", "export_dir", type=click.Path(path_type=Path), default=None,
+              help="Download and verify exactly the locked packages into a new DIR (channel + wheels), then stop.")
+@click.option("--from", "from_dir_", type=click.Path(path_type=Path), default=None,
+              help="Install from an --export DIR (no network needed).")
+@click.option("--installer", type=click.Choice(INSTALLERS), default="rattler", show_default=True,
+              help="What links the conda packages (others only when on PATH); never a re-solve.")
+@click.option("--glibc", default=None, help="--relock: override __glibc of the virtual-package file.")
+@click.option("--cuda", default=None, help="--relock: override __cuda ('' for none).")
+@click.option("--linux", "linux_version", default=None, help="--relock: override __linux (kernel).")
 @click.option("--pip-index", default=None, help=f"PyPI mirror (simple index) [default: {PYPI_INDEX}].")
 @click.option("--pip-find-links", default=None, help="Install: a directory of the locked wheels (no index).")
-@click.option(
-    "--cache-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Package downloads and extracted packages [default: $LINGBOT_PKGS_DIR, else "
-    "~/.cache/lingbot-provision].",
-)
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+              help="Package downloads and extracted packages [default: $LINGBOT_PKGS_DIR, else "
+              "~/.cache/lingbot-provision].")
 @click.option("--platform", "platform_name", default=None, help="Target platform [default: this machine's].")
+@click.option("--no-project", is_flag=True, help="Do not pip-install this checkout into its env.")
 @click.option("--force", is_flag=True, help="Rebuild even when the env is up to date.")
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="Exactly one JSON object on stdout; text on stderr.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
-def main(
-    name,
-    spec_file,
-    lockfile,
-    prefix,
-    relock,
-    channels,
-    installer,
-    glibc,
-    cuda,
-    linux_version,
-    pip_index,
-    pip_find_links,
-    cache_dir,
-    platform_name,
-    force,
-    as_json,
-    quiet,
-):
+def main(**opts) -> None:  # noqa: C901 - the option list is long, the dispatch is not
     """Provision the conda env NAME (default: the spec's name) exactly as locked."""
-    progress = Progress(enabled=not quiet)
+    as_json = opts["as_json"]
+    progress = Progress(enabled=not opts["quiet"])
     try:
-        spec = load_spec(spec_file)
-        check_env_name(spec, name)
-        lock_path = Path(lockfile) if lockfile else spec.path.parent / "conda-lock.yml"
-        if relock:
-            mirrors = list(channels) or default_mirrors(spec)
-            vpkgs = VirtualPackages(glibc=glibc, cuda=cuda, linux=linux_version)
-            summary = make_lock(
-                spec,
-                lock_path,
-                vpkgs=vpkgs,
-                mirrors=mirrors,
-                cache_dir=Path(cache_dir or default_cache_dir()) / "repodata",
-                pip_index=pip_index or PYPI_INDEX,
-                log=progress,
-            )
-            summary["ok"] = True
-            _report(summary, as_json, f"wrote {lock_path}; install it with `bin/provision {spec.name}`")
-            return
-        if len(channels) > 1:
-            raise ProvisionError("install takes one --channel (the mirror holding the locked package files)")
-        target = prefixes.resolve_prefix(name=spec.name, prefix=prefix)
-        the_plan: Plan = plan(spec, name, lock_path, target, platform_name)
-        summary = provision(
-            the_plan,
-            installer=installer,
-            mirror=channels[0] if channels else None,
-            cache_dir=cache_dir,
-            pip_index=pip_index,
-            pip_find_links=pip_find_links,
-            force=force,
-            progress=progress,
-        )
-        summary["ok"] = True
-        verb = "is up to date" if summary["action"] == "up-to-date" else "was provisioned"
-        _report(summary, as_json, f"{summary['prefix']} {verb} ({summary['seconds']:.2f} s)")
-    except (SpecError, LockError, ProvisionError, FileNotFoundError) as exc:
+        summary = _dispatch(opts, progress)
+    except (SpecError, LockError, ProvisionError, ExportError, VirtualPackagesError, FileNotFoundError) as exc:
         _fail(str(exc), as_json)
+        return
     except OSError as exc:  # e.g. --prefix under a file, a read-only envs dir: name the path
         _fail(f"{exc.filename or ''}: {exc.strerror or exc}", as_json)
-
-
-def _report(summary: dict, as_json: bool, line: str) -> None:
+        return
+    line = summary.pop("_line")
+    summary["ok"] = True
     if as_json:
         click.echo(json.dumps(summary, indent=1, default=str))
     else:
         click.echo(f"provision: {line}")
+
+
+def _dispatch(opts: dict, progress: Progress) -> dict:
+    name, lockfile = opts["name"], opts["lockfile"]
+    spec = _spec_for(opts["spec_file"], lockfile)
+    if spec is not None:
+        check_env_name(spec, name)
+    if spec is None and not name:
+        raise ProvisionError(f"{lockfile}: no environment.yml at hand; name the env: bin/provision NAME --lockfile {lockfile}")
+    env_name = name or (spec.name if spec else "")
+    lock_path = Path(lockfile) if lockfile else (spec.path.parent if spec else Path.cwd()) / "conda-lock.yml"
+    channels = list(opts["channels"])
+    if opts["relock"]:
+        if spec is None:
+            raise ProvisionError("--relock needs the environment.yml to solve: pass --file")
+        by_platform = _relock_vpkgs(
+            spec, opts["vp_file"], {"glibc": opts["glibc"], "cuda": opts["cuda"], "linux": opts["linux_version"]},
+            progress,
+        )
+        summary = make_lock(
+            spec, lock_path, vpkgs_by_platform=by_platform, mirrors=channels or default_mirrors(spec),
+            cache_dir=Path(opts["cache_dir"] or default_cache_dir()) / "repodata",
+            pip_index=opts["pip_index"] or PYPI_INDEX, log=progress,
+        )
+        return {**summary, "_line": f"wrote {lock_path}; install it with `bin/provision {spec.name}`"}
+    if len(channels) > 1:
+        raise ProvisionError("install takes one --channel (the mirror holding the locked package files)")
+    platform = opts["platform_name"] or current_platform()
+    if opts["export_dir"] is not None:
+        return _export(opts, spec, env_name, lock_path, platform, channels, progress)
+    mirror, find_links = (channels[0] if channels else None), opts["pip_find_links"]
+    if opts["from_dir_"] is not None:
+        sources = from_dir(opts["from_dir_"], read_lock(lock_path), platform)
+        mirror, find_links = sources.channel, sources.find_links or find_links
+        progress(f"installing from the export {opts['from_dir_']} (channel {mirror}, wheels {find_links})")
+    target = prefixes.resolve_prefix(name=env_name, prefix=opts["prefix"])
+    the_plan = plan(spec, name, lock_path, target, platform, install_project=not opts["no_project"],
+                    vpkg_file=opts["vp_file"], log=progress)  # fmt: skip
+    summary = provision(
+        the_plan, installer=opts["installer"], mirror=mirror, cache_dir=opts["cache_dir"],
+        pip_index=opts["pip_index"], pip_find_links=find_links, force=opts["force"], progress=progress,
+    )  # fmt: skip
+    verb = "is up to date" if summary["action"] == "up-to-date" else "was provisioned"
+    if not the_plan.spec_checked:
+        summary["warning"] = f"no environment.yml for {lock_path}: drift was not checked"
+    return {**summary, "_line": f"{summary['prefix']} {verb} ({summary['seconds']:.2f} s)"}
+
+
+def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> dict:
+    lock = check_lock(spec, lock_path, platform, vpkg_file=opts["vp_file"], log=progress)
+    extra = []
+    if spec is not None:
+        extra.append(spec.path)
+        beside = spec.path.parent / vpkgs.DEFAULT_FILE_NAME
+        if beside.is_file():
+            extra.append(beside)
+    summary = export(
+        lock, platform, env_name, opts["export_dir"], extra_files=extra,
+        mirror=channels[0] if channels else None,
+        downloads=Path(opts["cache_dir"] or default_cache_dir()) / "downloads", progress=progress,
+    )  # fmt: skip
+    return {**summary, "_line": f"exported {summary['conda']} conda packages and {summary['pip']} wheels "
+            f"to {summary['export']}; install with `bin/provision {env_name} --from {summary['export']}`"}
 
 
 if __name__ == "__main__":

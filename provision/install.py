@@ -31,8 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +39,10 @@ from provision import hooks
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
 from provision.envvars import EnvVar, format_env_vars
-from provision.lock import LockError, LockHeader, check_lock, current_platform, run_async
+from provision.fetch import FetchError, conda_records
+from provision.lock import check_lock, current_platform, run_async
+from provision.lockfile import LockedPackage, LockFile
+from provision.paths import RepoRootError, repo_root
 from provision.spec import EnvSpec, check_env_name
 
 INSTALLERS = ("rattler", "conda", "mamba", "micromamba")
@@ -127,138 +128,71 @@ def project_digest(paths: list[Path]) -> str:
 
 @dataclass
 class Plan:
-    spec: EnvSpec
+    spec: EnvSpec  # the spec file's, or one read from the lock when no environment.yml is at hand
     lock_path: Path
-    header: LockHeader
+    lock: LockFile
     platform: str
     target: Path
     entries: list[EnvVar]
     state_hash: str
+    projects: list[Path] = field(default_factory=list)  # installed with pip --no-deps after the lock
+    spec_checked: bool = True  # False: no environment.yml, drift was not checked
 
 
-def plan(spec: EnvSpec, name: str | None, lock_path: Path, target: Path, platform: str | None = None) -> Plan:
-    """Everything checked before anything is touched: env name, lock platform, drift."""
-    check_env_name(spec, name)
+def is_checkout_spec(spec: EnvSpec) -> bool:
+    """True for this checkout's own environment.yml, whose env gets the checkout installed."""
+    try:
+        return spec.path.resolve() == (repo_root() / "environment.yml").resolve()
+    except RepoRootError:
+        return False
+
+
+def spec_from_lock(lock: LockFile, name: str, platform: str) -> EnvSpec:
+    """An EnvSpec for a lock with no environment.yml at hand: its conda package names (so the compiler
+    variables are computed as from the spec), no pip requirements to re-lock, no variables."""
+    conda = [p.name for p in lock.for_platform(platform, "conda")]
+    return EnvSpec(lock.path, name, ["(from the lock)"], conda, [], [], {}, list(lock.platforms))
+
+
+def plan(
+    spec: EnvSpec | None,
+    name: str | None,
+    lock_path: Path,
+    target: Path,
+    platform: str | None = None,
+    *,
+    install_project: bool = True,
+    vpkg_file: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> Plan:
+    """Everything checked before anything is touched: env name, lock platform, owners, drift."""
     platform = platform or current_platform()
-    header = check_lock(spec, lock_path, platform)
+    if spec is not None:
+        check_env_name(spec, name)
+    lock = check_lock(spec, lock_path, platform, vpkg_file=vpkg_file, log=log)
+    if spec is None:
+        if not name:
+            raise ProvisionError(f"no environment.yml for {lock_path}: name the env (bin/provision NAME ...)")
+        spec = spec_from_lock(lock, name, platform)
+    projects = list(spec.pip_local)
+    if install_project and is_checkout_spec(spec):
+        projects.append(repo_root())
     entries = spec.env_var_entries(platform)
     state = {
-        "lock_sha256": header.sha256,
+        "lock_sha256": lock.sha256,
         "platform": platform,
         "env_vars": format_env_vars(entries),
         "hooks": hooks.hooks_version(),
-        "project": project_digest(spec.pip_local) if spec.pip_local else "",
+        "project": project_digest(projects) if projects else "",
     }
     state_hash = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
-    return Plan(spec, Path(lock_path), header, platform, Path(target), entries, state_hash)
+    return Plan(spec, Path(lock_path), lock, platform, Path(target), entries, state_hash, projects,
+                spec_checked=spec.path != lock.path)
 
 
 def up_to_date(p: Plan) -> bool:
     ok, _ = prefixes.completeness(p.target)
     return ok and prefixes.read_manifest(p.target).get("state_hash") == p.state_hash
-
-
-# --- package files --------------------------------------------------------------------------------
-
-
-def _hash_file(path: Path) -> tuple[str, str]:
-    md5, sha256 = hashlib.md5(), hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            md5.update(chunk)
-            sha256.update(chunk)
-    return md5.hexdigest(), sha256.hexdigest()
-
-
-def redirect(url: str, mirror: str | None) -> str:
-    """The package's URL on `mirror` (same subdir/filename layout as any conda channel)."""
-    if not mirror:
-        return url
-    parts = url.rstrip("/").split("/")
-    mirror = mirror if "://" in mirror else Path(mirror).expanduser().resolve().as_uri()
-    return f"{mirror.rstrip('/')}/{parts[-2]}/{parts[-1]}"
-
-
-def fetch_verified(url: str, md5: str, sha256: str, downloads: Path, progress: Progress) -> Path:
-    """A local file for `url` whose md5 and sha256 match the lock, else ProvisionError naming it.
-    py-rattler does not check file:// packages, so every package is checked here before linking."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme == "file":
-        path = Path(urllib.request.url2pathname(parsed.path))
-        if not path.is_file():
-            raise ProvisionError(f"package file {path} does not exist (from {url}); check --channel")
-    elif parsed.scheme in ("http", "https"):
-        path = downloads / sha256 / Path(parsed.path).name
-        if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + f".part{os.getpid()}")
-            progress(f"download {url}")
-            try:
-                with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                    shutil.copyfileobj(response, out, 1 << 20)
-            except OSError as exc:
-                partial.unlink(missing_ok=True)
-                raise ProvisionError(
-                    f"cannot download {url}: {exc}; use --channel to point at a mirror"
-                ) from None
-            os.replace(partial, path)
-    else:
-        raise ProvisionError(f"unsupported package URL {url} (file, http and https only)")
-    got_md5, got_sha256 = _hash_file(path)
-    if (got_md5, got_sha256) != (md5, sha256):
-        raise ProvisionError(
-            f"package file {path} does not match the lock: md5 {got_md5} (lock {md5}), sha256 {got_sha256} "
-            f"(lock {sha256}); the file is corrupt or was tampered with: nothing was installed. Replace it from a "
-            f"trusted channel{' (and delete this cached copy)' if parsed.scheme != 'file' else ''}"
-        )
-    return path
-
-
-def locked_records(p: Plan, mirror: str | None, downloads: Path, progress: Progress) -> list:
-    """The lock's conda records for the platform, each pointing at a verified local file."""
-    import rattler
-
-    try:
-        lock = rattler.LockFile.from_path(p.lock_path)
-    except Exception as exc:
-        raise LockError(f"{p.lock_path}: py-rattler cannot read it ({exc}); relock with --relock") from None
-    platform = next((pl for pl in lock.platforms() if pl.name == p.platform), None)
-    records = lock.default_environment().conda_repodata_records_for_platform(platform) if platform else None
-    if not records:
-        raise LockError(f"{p.lock_path} has no conda packages for {p.platform}; relock with --relock")
-    for i, rec in enumerate(records, 1):
-        if rec.md5 is None or rec.sha256 is None:
-            raise LockError(f"{p.lock_path}: {rec.file_name} lacks md5 or sha256; relock with --relock")
-        path = fetch_verified(redirect(rec.url, mirror), rec.md5.hex(), rec.sha256.hex(), downloads, progress)
-        # the lock's v1 format has no noarch field (rattler guesses it from the build string): take it
-        # from the verified archive itself, and make sure the archive is the package the lock names
-        index = rattler.IndexJson.from_package_archive(path)
-        if (index.name.normalized, str(index.version), str(index.build)) != (
-            rec.name.normalized,
-            str(rec.version),
-            str(rec.build),
-        ):
-            raise ProvisionError(
-                f"package file {path} holds {index.name.normalized} {index.version} "
-                f"{index.build}, not {rec.file_name} as the lock says"
-            )
-        rec.noarch = index.noarch
-        rec.url = path.resolve().as_uri()
-        progress(f"verified {i}/{len(records)} {rec.file_name}")
-    return records
-
-
-def pip_entries(p: Plan) -> list:
-    """The lock's pip packages for the platform (read with conda-lock's own parser)."""
-    from conda_lock.lockfile import parse_conda_lock_file
-
-    try:
-        lock = parse_conda_lock_file(p.lock_path)
-    except Exception as exc:  # pydantic's ValidationError and friends: the file is not a valid lock
-        raise LockError(f"{p.lock_path}: conda-lock cannot parse it ({exc}); relock with --relock") from None
-    return sorted(
-        (d for d in lock.package if d.manager == "pip" and d.platform == p.platform), key=lambda d: d.name
-    )
 
 
 # --- building a generation ------------------------------------------------------------------------
@@ -297,9 +231,16 @@ def _link_conda(records: list, gen: Path, installer: str, cache_dir: Path, progr
 
 
 def _pip_install(
-    p: Plan, gen: Path, entries: list, index: str | None, find_links: str | None, progress: Progress
+    p: Plan,
+    gen: Path,
+    entries: list[LockedPackage],
+    index: str | None,
+    find_links: str | None,
+    progress: Progress,
 ) -> list[dict]:
-    if not entries and not p.spec.pip_local:
+    """The lock's pip part (--no-deps, hashes required), then the projects (this checkout) in their
+    own step, each --no-deps: nothing but the lock decides a version."""
+    if not entries and not p.projects:
         return []
     python = gen / "bin" / "python"
     if not python.exists():
@@ -308,7 +249,7 @@ def _pip_install(
                 f"{p.lock_path} has a pip part but the env has no bin/python; add python to "
                 f"{p.spec.path} and relock"
             )
-        progress(f"no python in the env: skipping the pip install of {', '.join(map(str, p.spec.pip_local))}")
+        progress(f"no python in the env: skipping the pip install of {', '.join(map(str, p.projects))}")
         return []
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
     base = [
@@ -324,7 +265,7 @@ def _pip_install(
     if entries:
         lines = []
         for d in entries:
-            sha = f"--hash=sha256:{d.hash.sha256}"
+            sha = f"--hash=sha256:{d.sha256}"
             # the locked file by URL; with a mirror, the same version and hash from there
             lines.append(
                 f"{d.name}=={d.version} {sha}" if (index or find_links) else f"{d.name} @ {d.url} {sha}"
@@ -341,11 +282,11 @@ def _pip_install(
             raise ProvisionError(
                 "pip install of the locked pip part failed (output above); the env is untouched"
             )
-    for local in p.spec.pip_local:
-        progress(f"pip: installing {local} (--no-deps)")
+    for local in p.projects:
+        progress(f"pip: installing {local} (--no-deps, its own step: not part of the lock)")
         if subprocess.run(base + ["--no-build-isolation", "--no-index", str(local)], env=env).returncode != 0:
             raise ProvisionError(f"pip install of {local} failed (output above); the env is untouched")
-    return [{"name": d.name, "version": d.version, "sha256": d.hash.sha256} for d in entries]
+    return [{"name": d.name, "version": d.version, "sha256": d.sha256} for d in entries]
 
 
 def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str, seconds: float) -> None:
@@ -359,10 +300,11 @@ def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str
         "generation": os.path.realpath(gen),
         "platform": p.platform,
         "state_hash": p.state_hash,
-        "lock_content_hash": p.header.content_hash[p.platform],
-        "lock_sha256": p.header.sha256,
+        "lock_content_hash": p.lock.content_hash[p.platform],
+        "lock_sha256": p.lock.sha256,
         "lockfile": str(p.lock_path),
-        "spec": str(p.spec.path),
+        "spec": str(p.spec.path) if p.spec_checked else None,
+        "projects": [str(x) for x in p.projects],
         "hooks_version": hooks.hooks_version(),
         "installer": installer,
         "packages": [
@@ -457,10 +399,17 @@ def provision(
         gen.parent.mkdir(parents=True, exist_ok=True)
         progress(f"building {target} as {gen.name} from {p.lock_path.name} ({p.platform})")
         try:
-            records = locked_records(p, mirror, cache_dir / "downloads", progress)
+            conda = sorted(p.lock.for_platform(p.platform, "conda"), key=lambda d: d.name)
+            if not conda:
+                raise ProvisionError(f"{p.lock_path} has no conda packages for {p.platform}; relock")
+            try:
+                records = conda_records(conda, mirror, cache_dir / "downloads", progress)
+            except FetchError as exc:
+                raise ProvisionError(str(exc)) from None
             _link_conda(records, gen, installer, cache_dir, progress)
             hooks.write_env_files(gen, p.entries, str(p.spec.path))
-            pip = _pip_install(p, gen, pip_entries(p), pip_index, pip_find_links, progress)
+            pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
+            pip = _pip_install(p, gen, pip_part, pip_index, pip_find_links, progress)
             _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
             fsync_dir(gen / "conda-meta")
             if before_swap is not None:

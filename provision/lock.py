@@ -19,23 +19,26 @@ import platform as host
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from provision.lockfile import CUSTOM_DROPPED, CUSTOM_VPKGS, LockError, LockFile, read_lock
+from provision.paths import repo_root
 from provision.spec import EnvSpec
+from provision import vpkgs
+from provision.vpkgs import VirtualPackages, spec_document
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SNAPSHOT = REPO_ROOT.parent / "shared" / "conda-forge-snapshot"  # offline conda-forge repodata subset
+__all__ = ["LockError", "LockFile", "VirtualPackages", "check_lock", "content_hash", "make_lock", "read_lock"]
+
 PYPI_INDEX = "https://pypi.org/simple"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_CUSTOM_VPKGS = "lingbot_virtual_packages"
 
 
-class LockError(ValueError):
-    """A lock that cannot be made or used; the message names the file and the fix."""
+def snapshot_dir() -> Path:
+    """The offline conda-forge repodata subset beside the checkout (../shared/conda-forge-snapshot)."""
+    return repo_root().parent / "shared" / "conda-forge-snapshot"
 
 
 def current_platform() -> str:
@@ -44,45 +47,6 @@ def current_platform() -> str:
         host.machine(), host.machine()
     )
     return f"{system}-{machine}"
-
-
-@dataclass(frozen=True)
-class VirtualPackages:
-    """What the workers provide: ubuntu 22.04 (glibc 2.35, kernel 5.15), the cluster's CUDA driver."""
-
-    glibc: str = "2.35"
-    cuda: str = "13.0"  # torch 2.13's PyPI wheel is built for CUDA 13.0: driver >= 580 on the nodes
-    linux: str = "5.15"
-    archspec: str = "x86_64"
-
-    def as_dict(self) -> dict[str, str]:
-        out = {
-            "__unix": "0",
-            "__linux": self.linux,
-            "__glibc": self.glibc,
-            "__archspec": f"1 {self.archspec}",
-        }
-        if self.cuda:
-            out["__cuda"] = self.cuda
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict[str, str]) -> VirtualPackages:
-        return cls(
-            glibc=d["__glibc"],
-            cuda=d.get("__cuda", ""),
-            linux=d["__linux"],
-            archspec=d["__archspec"].split()[-1],
-        )
-
-    def for_rattler(self) -> list:
-        from rattler import BuildString, GenericVirtualPackage, PackageName, Version
-
-        out = []
-        for name, spec in self.as_dict().items():
-            version, _, build = spec.partition(" ")
-            out.append(GenericVirtualPackage(PackageName(name), Version(version), BuildString(build or "0")))
-        return out
 
 
 def channel_url(channel: str, base: Path) -> str:
@@ -96,8 +60,9 @@ def channel_url(channel: str, base: Path) -> str:
 
 def default_mirrors(spec: EnvSpec) -> list[str] | None:
     """Offline default: solve conda-forge against the repodata snapshot next to the checkout."""
-    if spec.channels == ["conda-forge"] and (SNAPSHOT / "noarch" / "repodata.json").exists():
-        return [SNAPSHOT.as_uri()]
+    snapshot = snapshot_dir()
+    if spec.channels == ["conda-forge"] and (snapshot / "noarch" / "repodata.json").exists():
+        return [snapshot.as_uri()]
     return None
 
 
@@ -167,122 +132,34 @@ def _conda_locked(rec, url: str, platform: str):
     )
 
 
-# --- pip part -------------------------------------------------------------------------------------
-
-
-def manylinux_platforms(glibc: str, arch: str = "x86_64") -> list[str]:
-    major, minor = (int(x) for x in glibc.split(".")[:2])
-    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
-    return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
-
-
-def resolve_pip(requirements: list[str], python_version: str, glibc: str, index_url: str) -> list[dict]:
-    """pip's resolution for the worker (python, manylinux tags) from PEP 658 metadata, no downloads.
-    The user's pip config (constraints, find-links) is ignored on purpose: the lock is for the cluster."""
-    if not requirements:
-        return []
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--isolated",
-        "--dry-run",
-        "--ignore-installed",
-        "--quiet",
-        "--report",
-        "-",
-        "--only-binary=:all:",
-        "--python-version",
-        python_version,
-        "--implementation",
-        "cp",
-        "--abi",
-        f"cp{python_version.replace('.', '')}",
-        "--index-url",
-        index_url,
-    ]
-    for tag in manylinux_platforms(glibc):
-        cmd += ["--platform", tag]
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
-    proc = subprocess.run(cmd + requirements, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise LockError(
-            f"pip could not resolve the pip part ({' '.join(requirements)}):\n{proc.stderr[-3000:]}"
-        )
-    return json.loads(proc.stdout)["install"]
-
-
-def _pip_locked(
-    items: list[dict], conda_versions: dict[str, str], platform: str, python_version: str, warn
-) -> list:
-    """conda-lock entries for pip's resolution; packages conda already provides at a version every
-    requirement accepts are left to conda (conda-lock does the same)."""
-    from conda_lock.lockfile.v2prelim.models import HashModel, LockedDependency
-    from packaging.markers import default_environment
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-    from packaging.version import Version
-
-    marker_env = {
-        **default_environment(),
-        "python_version": python_version,
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "platform_machine": "x86_64",
-        "extra": "",
-    }
-    requires: dict[str, list[tuple[str, Requirement]]] = {}
-    for item in items:
-        for text in item["metadata"].get("requires_dist") or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate(marker_env):
-                requires.setdefault(canonicalize_name(req.name), []).append((item["metadata"]["name"], req))
-    out = []
-    for item in items:
-        meta = item["metadata"]
-        name = canonicalize_name(meta["name"])
-        if name in conda_versions:
-            conda_version = Version(conda_versions[name])
-            unmet = [
-                f"{who} needs {r}" for who, r in requires.get(name, []) if conda_version not in r.specifier
-            ]
-            if not unmet:
-                continue
-            warn(f"pip overrides conda's {name} {conda_version}: {'; '.join(unmet)}")
-        info = item["download_info"]
-        sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
-        if not sha256:
-            raise LockError(f"{info['url']}: the index gives no sha256; the pip part needs hashes")
-        deps = {}
-        for text in meta.get("requires_dist") or []:
-            req = Requirement(text)
-            if req.marker is None or req.marker.evaluate(marker_env):
-                # "" not "*" for "any version": rattler's lock parser rejects "*" as a PEP 440 specifier
-                deps[canonicalize_name(req.name)] = str(req.specifier)
-        out.append(
-            LockedDependency(
-                name=name,
-                version=meta["version"],
-                manager="pip",
-                platform=platform,
-                dependencies=deps,
-                url=info["url"],
-                hash=HashModel(sha256=sha256),
-                categories={"main"},
-            )
-        )
-    return out
-
-
 # --- content hash and drift -----------------------------------------------------------------------
 
 
-def content_hash(spec: EnvSpec, platform: str, vpkgs: VirtualPackages) -> str:
+
+# Where the virtual packages of a content hash come from: bin/provision's record, a
+# --virtual-package-spec file, or (None) conda-lock's own defaults.
+VpkgSource = VirtualPackages | Path | None
+
+
+def _virtual_package_repo(source: VpkgSource, platform: str, tmp: Path):
+    from conda_lock.virtual_package import (
+        default_virtual_package_repodata,
+        virtual_package_repo_from_specification,
+    )
+
+    if source is None:
+        return default_virtual_package_repodata()
+    if isinstance(source, VirtualPackages):
+        path = Path(tmp, "virtual-packages.yml")
+        path.write_text(yaml.safe_dump(spec_document({platform: source})))
+        source = path
+    return virtual_package_repo_from_specification(source)
+
+
+def content_hash(spec: EnvSpec, platform: str, vpkgs: VpkgSource) -> str:
     """conda-lock's content hash of the lockable part of `spec` for `platform` (see module doc)."""
     from conda_lock.content_hash import compute_content_hashes
     from conda_lock.src_parser import make_lock_spec
-    from conda_lock.virtual_package import virtual_package_repo_from_specification
 
     with tempfile.TemporaryDirectory(prefix="lingbot-lock-") as tmp:
         deps: list = list(spec.conda)
@@ -293,14 +170,12 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VirtualPackages) -> str:
             channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c for c in spec.channels
         ]
         lockable.write_text(yaml.safe_dump({"name": spec.name, "channels": channels, "dependencies": deps}))
-        vp_file = Path(tmp, "virtual-packages.yml")
-        vp_file.write_text(yaml.safe_dump({"subdirs": {platform: {"packages": vpkgs.as_dict()}}}))
         mapping = Path(tmp, "pypi-mapping.json")  # names map to themselves; no download of conda-lock's map
         mapping.write_text("{}")
         lock_spec = make_lock_spec(
             src_files=[lockable], platform_overrides=[platform], mapping_url=str(mapping)
         )
-        repo = virtual_package_repo_from_specification(vp_file)
+        repo = _virtual_package_repo(vpkgs, platform, Path(tmp))
         return compute_content_hashes(lock_spec, repo)[platform]
 
 
@@ -309,118 +184,192 @@ def spec_sha256(spec_path: Path) -> str:
     return hashlib.sha256(Path(spec_path).read_text().encode("utf-8")).hexdigest()
 
 
-@dataclass(frozen=True)
-class LockHeader:
-    path: Path
-    platforms: list[str]
-    content_hash: dict[str, str]
-    virtual_packages: VirtualPackages
-    sha256: str  # of the lock file's bytes: any relock changes it
+def _hash_candidates(spec: EnvSpec, lock: LockFile, vpkg_file: Path | None) -> list[tuple[str, VpkgSource]]:
+    """The virtual packages to recompute the content hash with, each with how it is described."""
+    if lock.recorded_vpkgs is not None:
+        return [
+            (
+                f"the virtual packages the lock records (metadata.custom_metadata.{CUSTOM_VPKGS}: "
+                f"{lock.recorded_vpkgs.as_dict()})",
+                lock.recorded_vpkgs,
+            )
+        ]
+    out: list[tuple[str, VpkgSource]] = []
+    if vpkg_file is not None:
+        out.append((f"the virtual packages of {vpkg_file} (--virtual-package-spec)", vpkg_file))
+    out.append(("conda-lock's default virtual packages (the lock records none)", None))
+    beside = spec.path.parent / vpkgs.DEFAULT_FILE_NAME
+    if vpkg_file is None and beside.is_file():  # conda-lock reads it from its working directory
+        out.append((f"the virtual packages of {beside} (conda-lock's default file)", beside))
+    return out
 
 
-def read_header(lock_path: Path) -> LockHeader:
-    """The lock's metadata, read with PyYAML only (fast path; the install reads it with conda-lock)."""
-    try:
-        raw = Path(lock_path).read_bytes()
-    except FileNotFoundError:
-        raise LockError(f"{lock_path}: no lock file; create it with `bin/provision NAME --relock`") from None
-    try:
-        data = yaml.load(raw, Loader=_YAML_LOADER)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{lock_path}:{mark.line + 1}" if mark else str(lock_path)
+def check_lock(
+    spec: EnvSpec | None,
+    lock_path: Path,
+    platform: str,
+    *,
+    vpkg_file: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> LockFile:
+    """Refuse a lock without `platform`, one that locks a name in both parts, or one that no longer
+    matches `spec` by conda-lock's content-hash rule (drift). `spec` None: no environment.yml at hand,
+    the lock installs with a warning that drift cannot be checked."""
+    lock = read_lock(lock_path)
+    name = spec.name if spec is not None else "NAME"
+    relock = f"relock with `bin/provision {name} --relock`" + (f" (file {spec.path})" if spec else "")
+    if platform not in lock.platforms or platform not in lock.content_hash:
         raise LockError(
-            f"{where}: malformed YAML ({getattr(exc, 'problem', exc)}); relock with --relock"
-        ) from None
-    if not isinstance(data, dict) or data.get("version") != 1 or "metadata" not in data:
-        raise LockError(f"{lock_path}: not a conda-lock v1 file; relock with `bin/provision NAME --relock`")
-    meta = data["metadata"]
-    custom = meta.get("custom_metadata") or {}
-    try:
-        vpkgs = VirtualPackages.from_dict(json.loads(custom[_CUSTOM_VPKGS]))
-    except (KeyError, ValueError) as exc:
+            f"{lock_path} has no packages for platform {platform} (it has "
+            f"{', '.join(lock.platforms) or 'none'}); add {platform} to `platforms:` and {relock}"
+        )
+    both = lock.owner_conflicts(platform)
+    if both:
         raise LockError(
-            f"{lock_path}: metadata.custom_metadata.{_CUSTOM_VPKGS} missing or bad ({exc}); "
-            f"the lock was not made by bin/provision: relock"
-        ) from None
-    return LockHeader(
-        Path(lock_path),
-        list(meta.get("platforms", [])),
-        dict(meta.get("content_hash", {})),
-        vpkgs,
-        hashlib.sha256(raw).hexdigest(),
+            f"{lock_path} locks {', '.join(both)} in both the conda and the pip part for {platform}: pip "
+            f"would overwrite files the conda package owns; {relock} (it gives each package one owner)"
+        )
+    if spec is None:
+        log(
+            f"WARNING: no environment.yml for {lock_path}: drift cannot be checked; installing the lock "
+            f"as it is (pass --file environment.yml to check it)"
+        )
+        return lock
+    if spec_sha256(spec.path) in lock.inputs_sha256:
+        return lock  # the very file this lock was made from
+    candidates = _hash_candidates(spec, lock, vpkg_file)
+    for label, source in candidates:
+        if content_hash(spec, platform, source) == lock.content_hash[platform]:
+            log(f"{lock_path} matches {spec.path} (conda-lock content hash with {label})")
+            return lock
+    raise LockError(
+        f"{lock_path} does not match {spec.path} (drift: the dependencies or channels changed since it "
+        f"was locked; conda-lock's content hash computed with {'; then with '.join(c[0] for c in candidates)}); "
+        f"{relock}"
     )
 
 
-def check_lock(spec: EnvSpec, lock_path: Path, platform: str) -> LockHeader:
-    """Refuse a lock without `platform` or one that no longer matches `spec` (drift)."""
-    header = read_header(lock_path)
-    relock = f"relock with `bin/provision {spec.name} --relock` (file {spec.path})"
-    if platform not in header.platforms or platform not in header.content_hash:
-        raise LockError(
-            f"{lock_path} has no packages for platform {platform} (it has "
-            f"{', '.join(header.platforms) or 'none'}); add {platform} to `platforms:` and {relock}"
-        )
-    data = yaml.load(Path(lock_path).read_bytes(), Loader=_YAML_LOADER)
-    inputs = (data["metadata"].get("inputs_metadata") or {}).values()
-    if spec_sha256(spec.path) in {i.get("sha256") for i in inputs}:
-        return header  # the very file this lock was made from
-    if content_hash(spec, platform, header.virtual_packages) != header.content_hash[platform]:
-        raise LockError(
-            f"{lock_path} does not match {spec.path} (drift: the dependencies or channels changed "
-            f"since it was locked); {relock}"
-        )
-    return header
-
-
 # --- writing --------------------------------------------------------------------------------------
+
+
+def _conda_spec_for(name: str, unmet: list) -> str | None:
+    """A conda match spec asking for a `name` that every pip requirement in `unmet` accepts, or None
+    where the PEP 440 specifier has no plain conda equivalent."""
+    parts = []
+    for _, req in unmet:
+        for s in req.specifier:
+            if s.operator not in (">=", ">", "<", "<=", "==") or "*" in s.version:
+                return None
+            parts.append(f"{s.operator}{s.version}")
+    return f"{name} {','.join(sorted(set(parts)))}" if parts else None
+
+
+def _solve_once(spec: EnvSpec, platform: str, vp: VirtualPackages, mirrors, cache_dir: Path, pip_index, log):
+    """(conda entries, pip's install items, python version) for one solve of both parts."""
+    from provision.pip_lock import resolve_pip
+
+    solved = run_async(solve_conda(spec, platform, vp, mirrors, cache_dir))
+    conda = [_conda_locked(rec, url, platform) for rec, url in solved]
+    if not spec.pip:
+        return conda, [], ""
+    python = next((p for p in conda if p.name == "python"), None)
+    if python is None:
+        raise LockError(f"{spec.path}: a pip part needs python among the conda packages")
+    py_version = ".".join(python.version.split(".")[:2])
+    log(f"resolving pip part for python {py_version} manylinux (glibc {vp.glibc}) against {pip_index}")
+    return conda, resolve_pip(spec.pip, py_version, vp.glibc, pip_index), py_version
+
+
+def _solve_platform(
+    spec: EnvSpec, platform: str, vp: VirtualPackages, mirrors, cache_dir: Path, pip_index: str, log
+) -> tuple[list, list, dict[str, str]]:
+    """(conda entries, pip entries, dropped conda records with why) for one platform, one owner each.
+
+    A name both parts resolve, with conda's version rejected by a pip requirement, is first re-solved
+    on the conda side with that requirement; if conda cannot satisfy it, the conda record is dropped
+    (pip owns the package) and the reason is kept in the lock."""
+    from provision.pip_lock import conda_shortfalls, pip_locked
+
+    conda, items, py = _solve_once(spec, platform, vp, mirrors, cache_dir, pip_index, log)
+    short = conda_shortfalls(items, {p.name: p.version for p in conda}, py) if items else {}
+    wanted = [_conda_spec_for(name, unmet) for name, unmet in short.items()]
+    if short and all(wanted):
+        extra = [w for w in wanted if w]
+        log(f"one owner per package: asking conda for {', '.join(extra)} (pip requires it)")
+        try:
+            retry = _solve_once(_with_conda_specs(spec, extra), platform, vp, mirrors, cache_dir, pip_index, log)
+        except LockError as exc:
+            log(f"one owner per package: conda cannot provide {', '.join(extra)}: {str(exc).splitlines()[0]}")
+        else:
+            if not conda_shortfalls(retry[1], {p.name: p.version for p in retry[0]}, retry[2]):
+                conda, items, py = retry
+                short = {}
+    from packaging.utils import canonicalize_name
+
+    dropped: dict[str, str] = {}
+    for name, unmet in short.items():
+        have = next(p.version for p in conda if canonicalize_name(p.name) == name)
+        why = "; ".join(f"{who} needs {r}" for who, r in unmet)
+        dropped[name] = f"conda's {name} {have} does not satisfy pip's requirements ({why}): pip owns it"
+        log(f"one owner per package: dropped the conda record {name} {have}: {dropped[name]}")
+    conda = [p for p in conda if canonicalize_name(p.name) not in short]
+    return conda, pip_locked(items, {p.name for p in conda}, platform, py), dropped
+
+
+def _with_conda_specs(spec: EnvSpec, extra: list[str]) -> EnvSpec:
+    from dataclasses import replace
+
+    return replace(spec, conda=[*spec.conda, *extra])
 
 
 def make_lock(
     spec: EnvSpec,
     lock_path: Path,
     *,
-    vpkgs: VirtualPackages,
+    vpkgs_by_platform: dict[str, VirtualPackages],
     mirrors: list[str] | None,
     cache_dir: Path,
     pip_index: str = PYPI_INDEX,
     log=print,
 ) -> dict:
     """Solve and write `lock_path` atomically; returns a summary."""
+    lock_path = Path(lock_path).absolute()
+    summary: dict = {"lockfile": str(lock_path), "platforms": {}}
+    packages, hashes, dropped = [], {}, {}
+    for platform in spec.platforms:
+        vp = vpkgs_by_platform.get(platform)
+        if vp is None:
+            raise LockError(f"no virtual packages for {platform}: add subdirs.{platform} to the virtual-package file")
+        log(
+            f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
+            f"(virtual packages {vp.as_dict()})"
+        )
+        conda, pip, gone = _solve_platform(spec, platform, vp, mirrors, cache_dir, pip_index, log)
+        packages += conda + pip
+        dropped.update(gone)
+        hashes[platform] = content_hash(spec, platform, vp)
+        summary["platforms"][platform] = {"conda": len(conda), "pip": len(pip), "dropped_conda": sorted(gone)}
+    _write(spec, lock_path, packages, hashes, vpkgs_by_platform[spec.platforms[0]], dropped)
+    summary["content_hash"] = hashes
+    return summary
+
+
+def _write(spec: EnvSpec, lock_path: Path, packages: list, hashes: dict, vp: VirtualPackages, dropped) -> None:
     from conda_lock.lockfile import write_conda_lock_file
     from conda_lock.lockfile.v1.models import InputMeta, LockMeta, MetadataOption, TimeMeta
     from conda_lock.lockfile.v2prelim.models import Lockfile
     from conda_lock.models.channel import Channel
 
-    lock_path = Path(lock_path).absolute()
-    summary: dict = {"lockfile": str(lock_path), "platforms": {}}
-    packages, hashes = [], {}
-    for platform in spec.platforms:
-        log(
-            f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
-            f"(virtual packages {vpkgs.as_dict()})"
-        )
-        solved = run_async(solve_conda(spec, platform, vpkgs, mirrors, cache_dir))
-        conda = [_conda_locked(rec, url, platform) for rec, url in solved]
-        python = next((p for p in conda if p.name == "python"), None)
-        pip: list = []
-        if spec.pip:
-            if python is None:
-                raise LockError(f"{spec.path}: a pip part needs python among the conda packages")
-            py_version = ".".join(python.version.split(".")[:2])
-            log(
-                f"resolving pip part for python {py_version} manylinux (glibc {vpkgs.glibc}) against {pip_index}"
-            )
-            items = resolve_pip(spec.pip, py_version, vpkgs.glibc, pip_index)
-            pip = _pip_locked(items, {p.name: p.version for p in conda}, platform, py_version, log)
-        packages += conda + pip
-        hashes[platform] = content_hash(spec, platform, vpkgs)
-        summary["platforms"][platform] = {"conda": len(conda), "pip": len(pip)}
-
     try:
         source = os.path.relpath(spec.path, lock_path.parent)
     except ValueError:
         source = str(spec.path)
+    custom = {
+        CUSTOM_VPKGS: json.dumps(vp.as_dict(), sort_keys=True),
+        "lingbot_locked_by": "bin/provision --relock (provision/lock.py)",
+    }
+    if dropped:
+        custom[CUSTOM_DROPPED] = json.dumps(dropped, sort_keys=True)
     meta = LockMeta(
         content_hash=hashes,
         channels=[
@@ -433,10 +382,7 @@ def make_lock(
         inputs_metadata={
             source: InputMeta.create({MetadataOption.InputMd5, MetadataOption.InputSha}, spec.path)
         },
-        custom_metadata={
-            _CUSTOM_VPKGS: json.dumps(vpkgs.as_dict(), sort_keys=True),
-            "lingbot_locked_by": "bin/provision --relock (provision/lock.py)",
-        },
+        custom_metadata=custom,
     )
     # written under its own name in a private directory (the writer puts the name in its help text),
     # then renamed over the old lock: a killed relock never leaves a half-written lock
@@ -448,5 +394,3 @@ def make_lock(
             metadata_choices={MetadataOption.TimeStamp, MetadataOption.InputMd5, MetadataOption.InputSha},
         )
         os.replace(staged, lock_path)
-    summary["content_hash"] = hashes
-    return summary

@@ -1,8 +1,9 @@
 """environment.yml (conda's format): the env's name, channels, conda and pip dependencies, variables.
 
 One env per file, as in conda. Two things beyond what `conda env create` reads:
-- pip entries that are local paths ("." or "./sub", relative to the file) are this project's own
-  packages: not locked (nothing to pin), installed by bin/provision from the checkout with --no-deps;
+- pip entries that are local paths ("./sub", relative to the file) are a user's own packages: not
+  locked, installed by bin/provision with --no-deps (conda-lock cannot parse such a spec: this
+  checkout's environment.yml has none, bin/provision installs the checkout in its own step);
 - `variables:` values may reference ${NAME} (CONDA_PREFIX, HOME, USER, a variable above); they are
   expanded at activation (see provision/envvars.py), not at provision time.
 """
@@ -16,8 +17,7 @@ from pathlib import Path
 import yaml
 
 from provision.envvars import EnvVar, EnvVarsError, validate
-
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "environment.yml"
+from provision.paths import repo_root
 
 # Host triplet of conda-forge's cross-prefixed compilers per platform.
 _TRIPLETS = {
@@ -75,8 +75,13 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> SpecError:
     return SpecError(f"{where}: malformed YAML: {problem}; fix the file (conda's environment.yml format)")
 
 
-def load_spec(path: Path | str = DEFAULT_SPEC) -> EnvSpec:
-    path = Path(path).absolute()
+def default_spec() -> Path:
+    """This checkout's environment.yml."""
+    return repo_root() / "environment.yml"
+
+
+def load_spec(path: Path | str | None = None) -> EnvSpec:
+    path = Path(path if path is not None else default_spec()).absolute()
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -54,7 +54,7 @@ def envs(toolchain_channel, tmp_path_factory) -> Envs:
         )
         spec = load_spec(spec_path)
         lock_path = spec_dir / "conda-lock.yml"
-        lock.make_lock(spec, lock_path, vpkgs=lock.VirtualPackages(cuda=""), mirrors=None,
+        lock.make_lock(spec, lock_path, vpkgs_by_platform={"linux-64": lock.VirtualPackages(cuda="")}, mirrors=None,
                        cache_dir=root / "rattler-cache", log=lambda _: None)  # fmt: skip
         plan = install.plan(spec, spec.name, lock_path, root / "envs" / spec.name)
         install.provision(plan, cache_dir=root / "pkgs", progress=install.Progress(enabled=False))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.lock import LockError, check_lock, content_hash, read_header
+from provision.install import plan
+from provision.lock import LockError, check_lock, content_hash, read_lock
 from provision.spec import SpecError, check_env_name, load_spec
 from tests.support.channel import index_channel, make_package
 
@@ -63,8 +64,10 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
     spec = load_spec(REPO / "environment.yml")
     lock_path = REPO / "conda-lock.yml"
     header = check_lock(spec, lock_path, "linux-64")  # the drift check a provision runs
-    # the slow path too: conda-lock's content hash recomputed from the spec equals the recorded one
-    assert content_hash(spec, "linux-64", header.virtual_packages) == header.content_hash["linux-64"]
+    # the slow path too: conda-lock's content hash recomputed from the spec equals the recorded one,
+    # with the recorded virtual packages and with the committed --virtual-package-spec file alike
+    assert content_hash(spec, "linux-64", header.recorded_vpkgs) == header.content_hash["linux-64"]
+    assert content_hash(spec, "linux-64", REPO / "virtual-packages.yml") == header.content_hash["linux-64"]
     lock = parse_conda_lock_file(lock_path)
     conda = {p.name: p for p in lock.package if p.manager == "conda"}
     for name in ("gcc_linux-64", "gxx_linux-64", "sysroot_linux-64", "python", "pip"):
@@ -74,13 +77,22 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
     assert conda["sysroot_linux-64"].version == "2.17"  # the glibc floor: any glibc >= 2.17 runs it
     pip = {p.name: p for p in lock.package if p.manager == "pip"}
     assert pip["torch"].version == "2.13.0" and all(len(p.hash.sha256) == 64 for p in pip.values())
-    assert header.virtual_packages.glibc == "2.35"  # ubuntu 22.04 workers
+    assert header.recorded_vpkgs is not None and header.recorded_vpkgs.glibc == "2.35"  # ubuntu 22.04
+    # one owner per package: setuptools (torch needs >= 77.0.3, the channel has 75.1.0) is pip's only,
+    # with the reason recorded; ninja (torch.utils.cpp_extension's build tool) is locked
+    assert not set(conda) & set(pip), set(conda) & set(pip)
+    assert "setuptools" in pip and "setuptools" in header.dropped and "torch needs" in header.dropped["setuptools"]
+    assert "ninja" in pip
 
 
-def test_spec_declares_settings_and_the_project():
+def test_spec_declares_settings_and_the_project(tmp_path):
     spec = load_spec(REPO / "environment.yml")
     assert spec.name == "lingbot-b200"
-    assert REPO in spec.pip_local
+    assert spec.pip_local == []  # conda-lock parses the spec; the checkout is installed in its own step
+    the_plan = plan(spec, None, REPO / "conda-lock.yml", tmp_path / "env", "linux-64", log=lambda _: None)
+    assert the_plan.projects == [REPO]
+    assert plan(spec, None, REPO / "conda-lock.yml", tmp_path / "env", "linux-64", install_project=False,
+                log=lambda _: None).projects == []  # fmt: skip
     names = {e.name: e for e in spec.env_var_entries()}
     assert names["CC"].value == "${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-cc"
     assert names["CXX"].value == "${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-c++"
@@ -138,7 +150,7 @@ def test_malformed_lock_is_refused(tmp_path, tiny_channel):
     spec = write_spec(tmp_path, tiny_channel)
     (tmp_path / "conda-lock.yml").write_text("version: 1\nmetadata: {\n")
     with pytest.raises(LockError, match=r"conda-lock.yml:\d+: malformed YAML"):
-        read_header(tmp_path / "conda-lock.yml")
+        read_lock(tmp_path / "conda-lock.yml")
     assert run_cli("-f", str(spec), tmp=tmp_path).returncode == 2
 
 
@@ -175,8 +187,9 @@ def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_chann
     lock = parse_conda_lock_file(lock_path)
     assert sorted(p.name for p in lock.package) == ["alpha", "beta"]
     assert all(p.hash.md5 and p.hash.sha256 for p in lock.package)
-    header = read_header(lock_path)
-    assert header.virtual_packages.glibc == "2.28" and header.virtual_packages.cuda == ""
+    header = read_lock(lock_path)
+    assert header.recorded_vpkgs is not None
+    assert header.recorded_vpkgs.glibc == "2.28" and header.recorded_vpkgs.cuda == ""
     rattler_lock = rattler.LockFile.from_path(lock_path)
     records = rattler_lock.default_environment().conda_repodata_records_for_platform(
         rattler_lock.platforms()[0]
