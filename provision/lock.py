@@ -165,11 +165,8 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VpkgSource) -> str:
         deps: list = list(spec.conda)
         if spec.pip or spec.pip_local:
             deps.append({"pip": list(spec.pip)})
-        lockable = Path(tmp, "environment.yml")
-        channels = [
-            channel_url(c, spec.path.parent) if c.startswith(("/", ".", "~")) else c for c in spec.channels
-        ]
-        lockable.write_text(yaml.safe_dump({"name": spec.name, "channels": channels, "dependencies": deps}))
+        lockable = Path(tmp, "environment.yml")  # channels as written: conda-lock hashes them so
+        lockable.write_text(yaml.safe_dump({"name": spec.name, "channels": spec.channels, "dependencies": deps}))
         mapping = Path(tmp, "pypi-mapping.json")  # names map to themselves; no download of conda-lock's map
         mapping.write_text("{}")
         lock_spec = make_lock_spec(
