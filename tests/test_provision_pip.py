@@ -4,14 +4,11 @@ the spec's local project path (--no-build-isolation, --no-index)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from provision import prefix as prefixes
 from provision.install import generations_dir
 from tests.support.channel import index_channel
 from tests.support.python_pkg import PY_MAJOR_MINOR, python_packages
+from tests.support.wheels import sha256_of, write_simple_index, write_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_NAME = "pip-env"
@@ -38,45 +36,6 @@ def run_cli(args: list[str], tmp: Path, check: bool = True) -> subprocess.Comple
     if check and result.returncode != 0:
         raise AssertionError(f"{args} failed:\n{result.stdout}\n{result.stderr}")
     return result
-
-
-def write_wheel(out_dir: Path, name: str, version: str, module_source: str, requires: list[str] = ()) -> Path:
-    """A pure-python wheel with one module `name`, written as the wheel spec says (RECORD hashes)."""
-    dist_info = f"{name}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    members = {
-        f"{name}.py": module_source.encode(),
-        f"{dist_info}/METADATA": metadata.encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    for path, data in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    members[f"{dist_info}/RECORD"] = ("\n".join(record + [f"{dist_info}/RECORD,,"]) + "\n").encode()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    wheel = out_dir / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path, data in members.items():
-            zf.writestr(path, data)
-    return wheel
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def write_simple_index(index_dir: Path, wheels: list[Path]) -> str:
-    """A PEP 503 index as static files (pip reads file:// directories' index.html); hashes in the links."""
-    for wheel in wheels:
-        project = index_dir / wheel.name.split("-")[0]
-        project.mkdir(parents=True, exist_ok=True)
-        (project / "index.html").write_text(
-            f'<!DOCTYPE html><html><body><a href="{wheel.resolve().as_uri()}#sha256={sha256_of(wheel)}">'
-            f"{wheel.name}</a></body></html>\n"
-        )
-    return index_dir.resolve().as_uri() + "/"
 
 
 @pytest.fixture(scope="module")
