@@ -21,7 +21,11 @@ import pytest
 from provision import install, lock, probes
 from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
 from provision.envvars import job_environment
+from provision.check.context import Context
+from provision.check.table import TABLE, run_table
 from provision.spec import load_spec
+from tests.support.channel import index_channel
+from tests.support.ninja_pkg import ninja_package
 
 REPO = Path(__file__).resolve().parents[1]
 ENVCHECK = [sys.executable, "-m", "provision.check"]
@@ -35,19 +39,32 @@ class Envs:
 
 
 @pytest.fixture(scope="session")
-def envs(toolchain_channel, tmp_path_factory) -> Envs:
+def ninja_channel(tmp_path_factory) -> Path:
+    """A channel with `ninja` (Debian's ninja-build binary), torch.utils.cpp_extension's build tool."""
+    channel = tmp_path_factory.mktemp("ninja-channel")
+    (channel / "linux-64").mkdir()
+    pkg = ninja_package()
+    shutil.copy2(pkg, channel / "linux-64" / pkg.name)
+    index_channel(channel)
+    return channel
+
+
+@pytest.fixture(scope="session")
+def envs(toolchain_channel, ninja_channel, tmp_path_factory) -> Envs:
     """Both envs, locked and provisioned exactly as `bin/provision --relock` + `bin/provision` do."""
     root = tmp_path_factory.mktemp("envcheck-envs")
     prefixes = {}
-    for kind, deps in (
-        ("bare", ["lingbot-probe"]),
-        ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64"]),
-    ):
+    for kind, deps, channels in (
+        ("bare", ["lingbot-probe"], [toolchain_channel]),
+        ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64", "ninja"],
+         [toolchain_channel, ninja_channel]),
+    ):  # fmt: skip
         spec_dir = root / kind
         spec_dir.mkdir()
         spec_path = spec_dir / "environment.yml"
         spec_path.write_text(
-            f"name: lingbot-test-{kind}\nchannels:\n  - {toolchain_channel}\ndependencies:\n"
+            f"name: lingbot-test-{kind}\nchannels:\n" + "".join(f"  - {c}\n" for c in channels)
+            + "dependencies:\n"
             + "".join(f"  - {d}\n" for d in deps)
             + "variables:\n  LINGBOT_GPU_KIND: b200\n"
             "  TRITON_CACHE_DIR: ${HOME}/.triton/cache_lingbot-test_${LINGBOT_GPU_KIND}\n"
@@ -100,13 +117,14 @@ def inside(path: str, prefix: Path) -> bool:
 
 
 def test_missing_env_fails_with_the_provision_fix(tmp_path):
-    proc = subprocess.run([*ENVCHECK, "--prefix", str(tmp_path / "lingbot-gone"), "--json", "-"],
+    proc = subprocess.run([*ENVCHECK, "--prefix", str(tmp_path / "lingbot-gone"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert_report_shape(report)
     assert report["failed"] == ["env.prefix"]
-    assert f"bin/provision lingbot-gone --prefix {tmp_path / 'lingbot-gone'}" in report["checks"][0]["fix"]
+    # a command to run as written: the spec's env name, this prefix
+    assert f"bin/provision lingbot-b200 --prefix {tmp_path / 'lingbot-gone'}" in report["checks"][0]["fix"]
     assert "envcheck: FAILED env.prefix" in proc.stderr.splitlines()[-1]
 
 
@@ -174,7 +192,7 @@ def test_login_node_gcc_does_not_fool_worker_mode(envs, tmp_path):
     )
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
            "CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    proc = envcheck(None, "--prefix", str(envs.bare), "--worker", "--fast", "--json", "-",
+    proc = envcheck(None, "--prefix", str(envs.bare), "--worker", "--fast", "--json",
                     "--mountinfo", str(table), env=env)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
@@ -201,13 +219,48 @@ def test_login_node_gcc_does_not_fool_worker_mode(envs, tmp_path):
     )
 
 
+def _rows(*names: str) -> tuple:
+    return tuple(spec for spec in TABLE if spec.name in names)
+
+
+def test_login_node_gxx_does_not_fool_cpp_extension(envs, tmp_path):
+    """compile.cpp_extension under --worker on a login node: CXX=/usr/bin/g++ and /usr/bin/ninja exist
+    here, the env has neither; the check FAILs naming the system compiler instead of passing."""
+    if not shutil.which("g++", path="/usr/bin:/bin"):
+        pytest.skip("needs a system g++ in /usr/bin (the login-node case)")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8", "CXX": "/usr/bin/g++"}
+    for prefix in (envs.bare, envs.tool):
+        ctx = Context(prefix=prefix, worker=True, fast=False, caller_env=env)
+        checks = {c.name: c for c in run_table(ctx, _rows("variables.file", "variables.CXX", "compile.cpp_extension"))}
+        cpp = checks["compile.cpp_extension"]
+        if prefix == envs.bare:  # the worker's scrubbed PATH still finds /usr/bin/c++: never a PASS
+            assert cpp.status == FAIL and "which is not in the env" in cpp.message, cpp
+            assert cpp.details["compiler_path"].startswith("/usr/") and "gxx_linux-64" in cpp.fix
+    # the env with the toolchain stand-in and ninja builds and calls it, with the env's CXX and ninja
+    assert cpp.status == PASS, cpp
+    assert inside(cpp.details["compiler_path"], envs.tool) and inside(cpp.details["ninja_path"], envs.tool)
+
+
+def test_a_skipped_check_names_the_prerequisite_that_failed(tmp_path):
+    prefix = tmp_path / "not-provisioned"
+    prefix.mkdir()
+    (prefix / "something").write_text("x")  # a directory bin/provision did not make (e.g. a venv)
+    ctx = Context(prefix=prefix, worker=True, fast=False, caller_env=dict(os.environ))
+    checks = {c.name: c for c in run_table(ctx, _rows("variables.file", "variables.CC", "variables.CXX",
+                                                       "toolchain.sysroot", "compile.cpp_extension"))}  # fmt: skip
+    assert checks["variables.file"].status == FAIL
+    assert "bin/provision lingbot-b200" in checks["variables.file"].fix and ".venv" not in checks["variables.file"].fix
+    for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.cpp_extension"):
+        assert checks[name].status == SKIP and "see variables.file" in checks[name].message, checks[name]
+
+
 # --- inside the worker simulation ---------------------------------------------------------------------
 
 
 @pytest.mark.worker
 def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worker_env, tmp_path):
     out = tmp_path / "report.json"
-    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--json", str(out), env=worker_env)
+    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--json-file", str(out), env=worker_env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert_report_shape(report)
@@ -234,6 +287,8 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
         in checks["compile.inductor_cpp"]["message"]
     )
     assert checks["compile.flex_attention"]["status"] == SKIP  # same missing compiler, named
+    cpp = checks["compile.cpp_extension"]  # torch.utils.cpp_extension's JIT (gymtorch) has no compiler either
+    assert cpp["status"] == FAIL and "the env lacks gxx_linux-64" in cpp["fix"], cpp
     assert checks["node.glibc"]["status"] == FAIL and "sysroot_linux-64" in checks["node.glibc"]["fix"]
     for name in GPU_CHECKS:  # CPU-only node: SKIP with the reason, never PASS
         assert checks[name]["status"] == SKIP and "CPU-only node" in checks[name]["message"]
@@ -250,7 +305,7 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
 def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tmp_path):
     """The full --worker run: a non-activated job with a scrubbed environment on a compiler-less node."""
     out = tmp_path / "report.json"
-    proc = envcheck(worker, "--prefix", str(envs.tool), "--worker", "--json", str(out), env=worker_env)
+    proc = envcheck(worker, "--prefix", str(envs.tool), "--worker", "--json-file", str(out), env=worker_env)
     report = json.loads(out.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_report_shape(report)
@@ -263,12 +318,16 @@ def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tm
         "compile.triton_build",
         "compile.inductor_cpp",
         "compile.flex_attention",
+        "compile.cpp_extension",
         "env.lock",
         "node.glibc",
     ):
         assert checks[name]["status"] == PASS, checks[name]
-    for name in ("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention"):
+    for name in ("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention", "compile.cpp_extension"):
         assert inside(checks[name]["details"]["compiler_path"], envs.tool), checks[name]["details"]
+    cpp = checks["compile.cpp_extension"]  # load_inline: torch headers, the env's CXX and ninja, called
+    assert cpp["status"] == PASS and cpp["details"]["value"] == [1.0, 3.0, 5.0, 7.0], cpp
+    assert inside(cpp["details"]["ninja_path"], envs.tool), cpp["details"]
     assert checks["compile.inductor_cpp"]["details"]["kernels_with_openmp"] >= 1
     assert checks["compile.flex_attention"]["details"]["forward_max_abs_error"] < 1e-4
     assert all(inside(p, envs.tool) for p in checks["toolchain.sysroot"]["details"]["files"].values())
@@ -288,7 +347,7 @@ def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_pa
         f'exec "$@"\n'
     )
     argv = ["/bin/sh", "-c", script, "activate", *ENVCHECK, "--prefix", str(envs.tool), "--fast",
-            "--json", str(out)]  # fmt: skip
+            "--json-file", str(out)]  # fmt: skip
     proc = worker.run(argv, env=worker_env, cwd=REPO, timeout=900)
     report = json.loads(out.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -338,7 +397,7 @@ def test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass(worker, 
     assert "Failed to find C compiler" in cold.stdout
 
     out = tmp_path / "report.json"
-    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--fast", "--json", str(out),
+    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--fast", "--json-file", str(out),
                     env={**worker_env, "HOME": str(home)})  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = by_name(json.loads(out.read_text()))

@@ -1,0 +1,125 @@
+"""Real compiles, each a probe program in a fresh process with throwaway caches (provision/probes/):
+Triton's C build, TorchInductor's C++ kernel with OpenMP, FlexAttention against SDPA, and
+torch.utils.cpp_extension's JIT (load_inline with torch headers, ninja, the env's CXX)."""
+
+from __future__ import annotations
+
+from provision import probes
+from provision.check.context import COMPILER_PACKAGES, Context, Outcome, inside, short_error
+from provision.check.report import FAIL, PASS, WARN
+
+
+def _var_fix(ctx: Context, var: str) -> str:
+    check = ctx.result(f"variables.{var}")
+    return check.fix if check is not None and check.status == FAIL else ""
+
+
+def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, passed: str) -> Outcome:
+    result = run.result
+    details = {k: v for k, v in result.items() if k != "ok"}
+    details["python"] = ctx.probe_python()[1]
+    compiler, real = result.get("compiler"), result.get("compiler_path")
+    var_fix = _var_fix(ctx, var)
+    if result.get("stage") == "locate":
+        return Outcome(
+            FAIL,
+            f"{what} would use {compiler} ({real}), which is not in the env: it passes here only thanks to "
+            f"the system compiler, and a worker has none",
+            var_fix or ctx.package_fix(COMPILER_PACKAGES[var]),
+            details,
+        )
+    if not run.ok:
+        details["error"] = run.failure_text()
+        fix = var_fix or (
+            f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}" if compiler else ctx.provision_fix()
+        )
+        return Outcome(FAIL, f"{what} failed in the job's environment:\n{short_error(run.failure_text())}", fix, details)
+    if compiler and not inside(real, ctx.prefix):
+        return Outcome(
+            WARN,
+            f"{passed}, but with {real}, a system compiler: a worker has none (run with --worker)",
+            var_fix or ctx.package_fix(COMPILER_PACKAGES[var]),
+            details,
+        )
+    return Outcome(PASS, passed, "", details)
+
+
+def check_triton_build(ctx: Context) -> Outcome:
+    run = ctx.probe("triton_build", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=180)
+    r = run.result
+    passed = (f"triton.runtime.build compiled and imported a C extension with {r.get('compiler')} in "
+              f"{r.get('compile_s', 0):.1f} s")  # fmt: skip
+    return compile_verdict(ctx, run, "CC", "Triton's C build (triton.runtime.build)", passed)
+
+
+def check_inductor(ctx: Context) -> Outcome:
+    run = ctx.probe("inductor_cpp", {"fast": ctx.fast, "require_under": ctx.require_under()}, timeout=900)
+    r = run.result
+    passed = (
+        f"Inductor compiled a CPU kernel with {r.get('compiler')} in {r.get('compile_s', 0):.1f} s, OpenMP "
+        f"parallel region in {r.get('kernels_with_openmp')} kernel(s), max error "
+        f"{r.get('max_abs_error', float('nan')):.1e}{' (scalar code: --fast)' if ctx.fast else ''}"
+    )
+    if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
+        r["error"] = (
+            f"the compiled kernel is wrong or not parallel: max error {r.get('max_abs_error')}, omp pragma "
+            f"{r.get('omp_pragma')}, kernels calling OpenMP {r.get('kernels_with_openmp')}"
+        )
+    return compile_verdict(ctx, run, "CXX", "TorchInductor's C++ build", passed)
+
+
+def flex_on_gpu(ctx: Context) -> bool:
+    return bool(ctx.interpreter and ctx.interpreter.get("cuda_available"))
+
+
+def flex_needs(ctx: Context) -> tuple[str, ...]:
+    """On CPU FlexAttention compiles through Inductor's C++ path, on a GPU through Triton."""
+    return ("compile.triton_build",) if flex_on_gpu(ctx) else ("compile.inductor_cpp",)
+
+
+def check_flex(ctx: Context) -> Outcome:
+    gpu = flex_on_gpu(ctx)
+    args = {"gpu": gpu, "require_under": ctx.require_under() if not gpu else None}
+    run = ctx.probe("flex_attention", args, timeout=1200)
+    r = run.result
+    if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
+        r["error"] = (
+            f"FlexAttention disagrees with SDPA: forward max error {r.get('forward_max_abs_error')}, backward "
+            f"{r.get('backward_max_abs_error', 'n/a')}"
+        )
+    backward = (
+        f", backward {r['backward_max_abs_error']:.1e}"
+        if "backward_max_abs_error" in r
+        else " (forward only: FlexAttention has no CPU backward)"
+    )
+    passed = (
+        f"compiled FlexAttention ({r.get('device')}, {r.get('tokens')} tokens, LingBot block mask "
+        f"{100 * r.get('masked_share', 0):.0f}% masked) in {r.get('compile_s', 0):.1f} s; vs SDPA: forward max "
+        f"error {r.get('forward_max_abs_error', float('nan')):.1e}{backward}"
+    )
+    return compile_verdict(ctx, run, "CC" if gpu else "CXX", "FlexAttention under torch.compile", passed)
+
+
+def check_cpp_extension(ctx: Context) -> Outcome:
+    run = ctx.probe("cpp_extension", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=900)
+    r = run.result
+    if r.get("stage") == "locate_ninja":
+        return Outcome(
+            FAIL,
+            f"torch.utils.cpp_extension would build with {r.get('ninja')} ({r.get('ninja_path')}), which is not "
+            f"in the env: it passes here only thanks to the system's ninja, and a worker has none",
+            f"lock ninja in the env (environment.yml pip: ninja), relock (bin/provision {ctx.spec_name} --relock), "
+            f"provision (bin/provision {ctx.spec_name})",
+            {k: v for k, v in r.items() if k != "ok"},
+        )
+    if not run.ok and "Ninja is required" in run.failure_text():
+        return Outcome(
+            FAIL,
+            f"torch.utils.cpp_extension failed in the job's environment:\n{short_error(run.failure_text())}",
+            f"the env lacks ninja: add it to environment.yml (pip: ninja), relock (bin/provision "
+            f"{ctx.spec_name} --relock), provision (bin/provision {ctx.spec_name})",
+            {k: v for k, v in r.items() if k != "ok"},
+        )
+    passed = (f"torch.utils.cpp_extension.load_inline built and called a torch C++ function with "
+              f"{r.get('compiler')} and {r.get('ninja')} in {r.get('compile_s', 0):.1f} s")  # fmt: skip
+    return compile_verdict(ctx, run, "CXX", "torch.utils.cpp_extension (load_inline)", passed)

@@ -1,0 +1,101 @@
+"""bin/envcheck's command line.
+
+--json follows the one convention of bin/provision, bin/envcheck and bin/train: stdout carries exactly
+one JSON object (the report), the text report and progress go to stderr, the exit status is unchanged
+(0 only if nothing FAILed). --json-file FILE writes the same JSON report to FILE atomically and keeps
+the text report on stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from provision.atomic import write_atomic
+from provision.check import run_checks
+from provision.prefix import resolve_prefix
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+
+
+def _simulate(params: dict) -> int:
+    from provision import worker_sim
+
+    ok, reason = worker_sim.available()
+    if not ok:
+        click.echo(
+            f"envcheck: --simulate-worker: {reason}. Run `bin/envcheck --worker` on a worker instead "
+            f"(e.g. srun -N1 bin/envcheck --worker).",
+            err=True,
+        )
+        return 2
+    sim = worker_sim.WorkerSimulation()
+    argv = [sys.executable, "-m", "provision.check", "--worker"]
+    for flag, key in (("--fast", "fast"), ("--json", "as_json")):
+        if params[key]:
+            argv.append(flag)
+    for option, key in (("--env", "env_name"), ("--prefix", "prefix"), ("--json-file", "json_file"),
+                        ("--lockfile", "lockfile"), ("--mountinfo", "mountinfo")):  # fmt: skip
+        if params[key] is not None:
+            argv += [option, str(params[key])]
+    click.echo(
+        f"envcheck: re-running inside the worker simulation ({sim.hidden_count} toolchain paths "
+        f"hidden): {' '.join(argv[1:])}",
+        err=True,
+    )
+    return subprocess.run(sim.command(argv), env=os.environ, stdin=subprocess.DEVNULL).returncode
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--env", "env_name", metavar="NAME",
+              help="Env name under the envs dir [default: the active env, else lingbot-b200].")
+@click.option("--prefix", type=click.Path(path_type=Path), help="Env prefix (instead of --env).")
+@click.option("--worker", is_flag=True, help="Check as a non-activated job on a compiler-less worker sees it.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Exactly one JSON object (the report) on stdout; the text report on stderr.")
+@click.option("--json-file", type=click.Path(path_type=Path), default=None,
+              help="Also write the JSON report to FILE (atomically).")
+@click.option("--simulate-worker", is_flag=True,
+              help="Re-run with --worker inside the worker simulation (needs root).")
+@click.option("--fast", is_flag=True, help="bin/train's preflight subset: compilers, caches, node (seconds).")
+@click.option("--lockfile", type=click.Path(path_type=Path),
+              help="Lock to compare with [default: the one the env was provisioned from].")
+@click.option("--mountinfo", type=click.Path(exists=True, dir_okay=False),
+              help="Mount table to read instead of /proc/self/mountinfo.")
+def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lockfile, mountinfo) -> None:
+    """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
+    if env_name and prefix:
+        raise click.UsageError("give --env NAME or --prefix PATH, not both")
+    if simulate_worker:
+        sys.exit(_simulate(click.get_current_context().params))
+    if prefix:
+        chosen_by = "--prefix"
+    elif env_name:
+        chosen_by = "--env"
+    else:
+        chosen_by = "the active env ($CONDA_PREFIX)" if os.environ.get("CONDA_PREFIX") else "the default env"
+    target = resolve_prefix(env_name, prefix)
+    text_stream = sys.stderr if as_json else sys.stdout
+
+    def progress(line: str) -> None:
+        print(f"envcheck: {line}", file=sys.stderr, flush=True)
+
+    report = run_checks(target, worker=worker, fast=fast, lockfile=lockfile, mountinfo=mountinfo,
+                        progress=progress, chosen_by=chosen_by)  # fmt: skip
+    print(report.render(), end="", file=text_stream, flush=True)
+    if json_file:
+        _write_atomically(Path(json_file), report.to_json())
+    if as_json:
+        sys.stdout.write(report.to_json())
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main(prog_name="bin/envcheck")

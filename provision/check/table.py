@@ -1,0 +1,116 @@
+"""bin/envcheck's checks as one declarative table, and the runner that walks it in order.
+
+Each row (`CheckSpec`) names a check, its function (`Context -> Outcome`), when it is part of the
+run at all (`only`: --fast leaves the slow ones out), and its prerequisites: `needs_job_env` (the
+env's variables must be readable, or the caller's environment stands in for bin/train's tool-env
+fallback), `needs_pass` (checks that must have PASSed), `needs_not_fail` (checks that must not have
+FAILed; a callable when it depends on the node), `skip_when` (a reason to SKIP, e.g. no GPU here).
+A skipped check says which prerequisite failed. `stop_on_fail`: nothing after it can be checked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from provision.check import checks_compile as comp
+from provision.check import checks_env as envc
+from provision.check import checks_node as node
+from provision.check.context import Context, Outcome, fail_unexpected
+from provision.check.report import FAIL, PASS, SKIP, Check
+
+Needs = tuple[str, ...] | Callable[[Context], tuple[str, ...]]
+
+
+def _full(ctx: Context) -> bool:
+    return not ctx.fast
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    run: Callable[[Context], Outcome]
+    only: Callable[[Context], bool] | None = None
+    needs_job_env: bool = False
+    needs_pass: tuple[str, ...] = ()
+    needs_not_fail: Needs = ()
+    skip_when: Callable[[Context], str] | None = None
+    stop_on_fail: bool = False
+    slow: str = ""
+
+
+TABLE: tuple[CheckSpec, ...] = (
+    CheckSpec("env.prefix", envc.check_prefix, stop_on_fail=True),
+    CheckSpec("env.complete", envc.check_complete),
+    CheckSpec("env.lock", envc.check_lock),
+    CheckSpec("variables.file", envc.check_variables_file),
+    CheckSpec("env.versions", envc.check_versions, only=_full, needs_job_env=True, slow="starting the env's python"),
+    CheckSpec("variables.CC", lambda ctx: envc.check_compiler_var(ctx, "CC"), needs_job_env=True),
+    CheckSpec("variables.CXX", lambda ctx: envc.check_compiler_var(ctx, "CXX"), needs_job_env=True),
+    CheckSpec("toolchain.sysroot", envc.check_sysroot, needs_job_env=True,
+              needs_pass=("variables.CC", "variables.CXX")),
+    CheckSpec("compile.triton_build", comp.check_triton_build, needs_job_env=True, slow="Triton C build (~1 s)"),
+    CheckSpec("compile.inductor_cpp", comp.check_inductor, needs_job_env=True,
+              slow="TorchInductor CPU kernel with CXX + OpenMP (10-30 s cold)"),
+    CheckSpec("compile.flex_attention", comp.check_flex, only=_full, needs_job_env=True,
+              needs_not_fail=comp.flex_needs, slow="FlexAttention vs SDPA under torch.compile (20-60 s cold)"),
+    CheckSpec("compile.cpp_extension", comp.check_cpp_extension, only=_full, needs_job_env=True,
+              slow="torch.utils.cpp_extension.load_inline with ninja + CXX (30-90 s cold)"),
+    CheckSpec("cache.triton_dir", node.check_triton_cache),
+    CheckSpec("fs.triton_cache", node.check_triton_cache_fs),
+    CheckSpec("fs.inductor_cache", node.check_inductor_cache_fs),
+    CheckSpec("gpu.cuda", node.check_cuda, only=_full, skip_when=node.gpu_absent_reason),
+    CheckSpec("gpu.driver", node.check_driver, only=_full, skip_when=node.gpu_absent_reason),
+    CheckSpec("gpu.nccl", node.check_nccl, only=_full, skip_when=node.gpu_absent_reason),
+    CheckSpec("gpu.kind", node.check_gpu_kind, only=_full, skip_when=node.gpu_absent_reason),
+    CheckSpec("node.glibc", node.check_glibc),
+    CheckSpec("node.disk", node.check_disk),
+)  # fmt: skip
+
+
+def skip_reason(spec: CheckSpec, ctx: Context) -> str:
+    """Why `spec` is not run here ("" when it is), naming the prerequisite that failed."""
+    if spec.needs_job_env and ctx.job.env is None:
+        return "not run: it needs the env's variables, which cannot be read (see variables.file)"
+    for name in spec.needs_pass:
+        done = ctx.result(name)
+        if done is None or done.status != PASS:
+            return f"not run: it needs {name} to PASS ({done.status if done else 'not run'})"
+    needs = spec.needs_not_fail(ctx) if callable(spec.needs_not_fail) else spec.needs_not_fail
+    for name in needs:
+        done = ctx.result(name)
+        if done is None or done.status == SKIP:
+            return f"not run: it needs {name}, which was not run"
+        if done.status == FAIL:
+            return f"not run: it needs the compiler {name} found broken"
+    return spec.skip_when(ctx) if spec.skip_when is not None else ""
+
+
+def run_one(spec: CheckSpec, ctx: Context) -> Check:
+    reason = skip_reason(spec, ctx)
+    if reason:
+        return Check(spec.name, SKIP, 0.0, reason)
+    if spec.slow and ctx.progress:
+        ctx.progress(f"{spec.name}: {spec.slow} ...")
+    start = time.perf_counter()
+    try:
+        out = spec.run(ctx)
+    except Exception as exc:  # a bug or an unexpected node state must not hide the other checks
+        out = fail_unexpected(exc)
+    check = Check(spec.name, out.status, round(time.perf_counter() - start, 3), out.message, out.fix, out.details)
+    if spec.slow and ctx.progress:
+        ctx.progress(f"{spec.name}: {check.status} in {check.seconds:.1f} s")
+    return check
+
+
+def run_table(ctx: Context, table: tuple[CheckSpec, ...] = TABLE) -> list[Check]:
+    """Every applicable row in order; results land in ctx.results for later rows' prerequisites."""
+    for spec in table:
+        if spec.only is not None and not spec.only(ctx):
+            continue
+        check = run_one(spec, ctx)
+        ctx.results[spec.name] = check
+        if spec.stop_on_fail and check.status == FAIL:
+            break
+    return list(ctx.results.values())
