@@ -44,7 +44,7 @@ def _spec_for(spec_file: Path | None, lockfile: Path | None) -> EnvSpec | None:
         return load_spec(spec_file)
     if lockfile is None:
         return load_spec(default_spec())
-    sources = []
+    sources: list = []
     try:
         import yaml
 
@@ -78,34 +78,77 @@ def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("name", required=False)
-@click.option("-f", "--file", "spec_file", type=click.Path(path_type=Path), default=None,
-              help="environment.yml declaring the env [default: this checkout's; with --lockfile, the "
-              "source the lock names beside it, else none: drift is not checked].")
-@click.option("--lockfile", type=click.Path(path_type=Path), default=None,
-              help="conda-lock v1 file (ours or conda-lock's) [default: conda-lock.yml next to the spec].")
-@click.option("-p", "--prefix", type=click.Path(path_type=Path), default=None,
-              help="Env location [default: NAME under $CONDA_ENVS_PATH, else ~/.conda/envs].")
+@click.option(
+    "-f",
+    "--file",
+    "spec_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="environment.yml declaring the env [default: this checkout's; with --lockfile, the "
+    "source the lock names beside it, else none: drift is not checked].",
+)
+@click.option(
+    "--lockfile",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="conda-lock v1 file (ours or conda-lock's) [default: conda-lock.yml next to the spec].",
+)
+@click.option(
+    "-p",
+    "--prefix",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Env location [default: NAME under $CONDA_ENVS_PATH, else ~/.conda/envs].",
+)
 @click.option("--relock", is_flag=True, help="Solve the spec and (re)write the lock file, then stop.")
-@click.option("--virtual-package-spec", "vp_file", type=click.Path(path_type=Path), default=None,
-              help="conda-lock's --virtual-package-spec file [default: virtual-packages.yml beside the spec]: "
-              "--relock solves with it; install uses it for the drift check of a lock that records none.")
-@click.option("--channel", "channels", multiple=True,
-              help="Mirror or local channel (URL or directory) to use instead of the spec's channel: "
-              "repodata for --relock, package files for install. Repeat per spec channel for --relock.")
-@click.option("--export", "export_dir", type=click.Path(path_type=Path), default=None,
-              help="Download and verify exactly the locked packages into a new DIR (channel + wheels), then stop.")
-@click.option("--from", "from_dir_", type=click.Path(path_type=Path), default=None,
-              help="Install from an --export DIR (no network needed).")
-@click.option("--installer", type=click.Choice(INSTALLERS), default="rattler", show_default=True,
-              help="What links the conda packages (others only when on PATH); never a re-solve.")
+@click.option(
+    "--virtual-package-spec",
+    "vp_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="conda-lock's --virtual-package-spec file [default: virtual-packages.yml beside the spec]: "
+    "--relock solves with it; install uses it for the drift check of a lock that records none.",
+)
+@click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    help="Mirror or local channel (URL or directory) to use instead of the spec's channel: "
+    "repodata for --relock, package files for install. Repeat per spec channel for --relock.",
+)
+@click.option(
+    "--export",
+    "export_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Download and verify exactly the locked packages into a new DIR (channel + wheels), then stop.",
+)
+@click.option(
+    "--from",
+    "from_dir_",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Install from an --export DIR (no network needed).",
+)
+@click.option(
+    "--installer",
+    type=click.Choice(INSTALLERS),
+    default="rattler",
+    show_default=True,
+    help="What links the conda packages (others only when on PATH); never a re-solve.",
+)
 @click.option("--glibc", default=None, help="--relock: override __glibc of the virtual-package file.")
 @click.option("--cuda", default=None, help="--relock: override __cuda ('' for none).")
 @click.option("--linux", "linux_version", default=None, help="--relock: override __linux (kernel).")
 @click.option("--pip-index", default=None, help=f"PyPI mirror (simple index) [default: {PYPI_INDEX}].")
 @click.option("--pip-find-links", default=None, help="Install: a directory of the locked wheels (no index).")
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
-              help="Package downloads and extracted packages [default: $LINGBOT_PKGS_DIR, else "
-              "~/.cache/lingbot-provision].")
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Package downloads and extracted packages [default: $LINGBOT_PKGS_DIR, else "
+    "~/.cache/lingbot-provision].",
+)
 @click.option("--platform", "platform_name", default=None, help="Target platform [default: this machine's].")
 @click.option("--no-project", is_flag=True, help="Do not pip-install this checkout into its env.")
 @click.option("--force", is_flag=True, help="Rebuild even when the env is up to date.")
@@ -117,7 +160,14 @@ def main(**opts) -> None:  # noqa: C901 - the option list is long, the dispatch 
     progress = Progress(enabled=not opts["quiet"])
     try:
         summary = _dispatch(opts, progress)
-    except (SpecError, LockError, ProvisionError, ExportError, VirtualPackagesError, FileNotFoundError) as exc:
+    except (
+        SpecError,
+        LockError,
+        ProvisionError,
+        ExportError,
+        VirtualPackagesError,
+        FileNotFoundError,
+    ) as exc:
         _fail(str(exc), as_json)
         return
     except OSError as exc:  # e.g. --prefix under a file, a read-only envs dir: name the path
@@ -137,7 +187,9 @@ def _dispatch(opts: dict, progress: Progress) -> dict:
     if spec is not None:
         check_env_name(spec, name)
     if spec is None and not name:
-        raise ProvisionError(f"{lockfile}: no environment.yml at hand; name the env: bin/provision NAME --lockfile {lockfile}")
+        raise ProvisionError(
+            f"{lockfile}: no environment.yml at hand; name the env: bin/provision NAME --lockfile {lockfile}"
+        )
     env_name = name or (spec.name if spec else "")
     lock_path = Path(lockfile) if lockfile else (spec.path.parent if spec else Path.cwd()) / "conda-lock.yml"
     channels = list(opts["channels"])
@@ -145,13 +197,19 @@ def _dispatch(opts: dict, progress: Progress) -> dict:
         if spec is None:
             raise ProvisionError("--relock needs the environment.yml to solve: pass --file")
         by_platform = _relock_vpkgs(
-            spec, opts["vp_file"], {"glibc": opts["glibc"], "cuda": opts["cuda"], "linux": opts["linux_version"]},
+            spec,
+            opts["vp_file"],
+            {"glibc": opts["glibc"], "cuda": opts["cuda"], "linux": opts["linux_version"]},
             progress,
         )
         summary = make_lock(
-            spec, lock_path, vpkgs_by_platform=by_platform, mirrors=channels or default_mirrors(spec),
+            spec,
+            lock_path,
+            vpkgs_by_platform=by_platform,
+            mirrors=channels or default_mirrors(spec),
             cache_dir=Path(opts["cache_dir"] or default_cache_dir()) / "repodata",
-            pip_index=opts["pip_index"] or PYPI_INDEX, log=progress,
+            pip_index=opts["pip_index"] or PYPI_INDEX,
+            log=progress,
         )
         return {**summary, "_line": f"wrote {lock_path}; install it with `bin/provision {spec.name}`"}
     if len(channels) > 1:
@@ -165,12 +223,26 @@ def _dispatch(opts: dict, progress: Progress) -> dict:
         mirror, find_links = sources.channel, sources.find_links or find_links
         progress(f"installing from the export {opts['from_dir_']} (channel {mirror}, wheels {find_links})")
     target = prefixes.resolve_prefix(name=env_name, prefix=opts["prefix"])
-    the_plan = plan(spec, name, lock_path, target, platform, install_project=not opts["no_project"],
-                    vpkg_file=opts["vp_file"], log=progress)  # fmt: skip
+    the_plan = plan(
+        spec,
+        name,
+        lock_path,
+        target,
+        platform,
+        install_project=not opts["no_project"],
+        vpkg_file=opts["vp_file"],
+        log=progress,
+    )
     summary = provision(
-        the_plan, installer=opts["installer"], mirror=mirror, cache_dir=opts["cache_dir"],
-        pip_index=opts["pip_index"], pip_find_links=find_links, force=opts["force"], progress=progress,
-    )  # fmt: skip
+        the_plan,
+        installer=opts["installer"],
+        mirror=mirror,
+        cache_dir=opts["cache_dir"],
+        pip_index=opts["pip_index"],
+        pip_find_links=find_links,
+        force=opts["force"],
+        progress=progress,
+    )
     verb = "is up to date" if summary["action"] == "up-to-date" else "was provisioned"
     if not the_plan.spec_checked:
         summary["warning"] = f"no environment.yml for {lock_path}: drift was not checked"
@@ -186,12 +258,20 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
         if beside.is_file():
             extra.append(beside)
     summary = export(
-        lock, platform, env_name, opts["export_dir"], extra_files=extra,
+        lock,
+        platform,
+        env_name,
+        opts["export_dir"],
+        extra_files=extra,
         mirror=channels[0] if channels else None,
-        downloads=Path(opts["cache_dir"] or default_cache_dir()) / "downloads", progress=progress,
-    )  # fmt: skip
-    return {**summary, "_line": f"exported {summary['conda']} conda packages and {summary['pip']} wheels "
-            f"to {summary['export']}; install with `bin/provision {env_name} --from {summary['export']}`"}
+        downloads=Path(opts["cache_dir"] or default_cache_dir()) / "downloads",
+        progress=progress,
+    )
+    return {
+        **summary,
+        "_line": f"exported {summary['conda']} conda packages and {summary['pip']} wheels "
+        f"to {summary['export']}; install with `bin/provision {env_name} --from {summary['export']}`",
+    }
 
 
 if __name__ == "__main__":

@@ -110,8 +110,15 @@ def export(
         for f in [lock.path, *extra_files]:
             shutil.copy2(f, staging / f.name)
         write_atomic(staging / "README.md", _readme(name, lock, platform, len(conda), len(pip)))
-        summary = {"format": FORMAT, "lock_sha256": lock.sha256, "lockfile": lock.path.name,
-                   "platform": platform, "env": name, "conda": len(conda), "pip": len(pip)}  # fmt: skip
+        summary = {
+            "format": FORMAT,
+            "lock_sha256": lock.sha256,
+            "lockfile": lock.path.name,
+            "platform": platform,
+            "env": name,
+            "conda": len(conda),
+            "pip": len(pip),
+        }
         write_json_atomic(staging / MARKER, summary)
         os.replace(staging, out)
     except FetchError as exc:

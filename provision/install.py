@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from provision import hooks
 from provision import prefix as prefixes
@@ -53,7 +54,8 @@ class ProvisionError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    """$LINGBOT_PKGS_DIR, else $XDG_CACHE_HOME/lingbot-provision (~/.cache/...): downloads + extracted pkgs."""
+    """$LINGBOT_PKGS_DIR, else $XDG_CACHE_HOME/lingbot-provision (~/.cache/...): downloads, extracted
+    packages."""
     if os.environ.get("LINGBOT_PKGS_DIR"):
         return Path(os.environ["LINGBOT_PKGS_DIR"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "lingbot-provision"
@@ -64,7 +66,7 @@ class Progress:
     """Per-phase progress lines on stderr (a batch log stays readable, unlike a redrawn bar)."""
 
     enabled: bool = True
-    stream: object = sys.stderr
+    stream: TextIO = sys.stderr
     started: float = field(default_factory=time.monotonic)
 
     def __call__(self, message: str) -> None:
@@ -78,7 +80,8 @@ class _LinkReporter:
     """py-rattler InstallerReporter: a line per linked package."""
 
     def __init__(self, progress: Progress, total: int):
-        self.progress, self.total, self.done, self.names = progress, total, 0, {}
+        self.progress, self.total, self.done = progress, total, 0
+        self.names: dict[int, str] = {}
 
     def on_link_start(self, operation: int, package_name: str) -> int:
         self.names[operation] = package_name
@@ -186,8 +189,17 @@ def plan(
         "project": project_digest(projects) if projects else "",
     }
     state_hash = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
-    return Plan(spec, Path(lock_path), lock, platform, Path(target), entries, state_hash, projects,
-                spec_checked=spec.path != lock.path)
+    return Plan(
+        spec,
+        Path(lock_path),
+        lock,
+        platform,
+        Path(target),
+        entries,
+        state_hash,
+        projects,
+        spec_checked=spec.path != lock.path,
+    )
 
 
 def up_to_date(p: Plan) -> bool:
@@ -211,7 +223,7 @@ def _link_conda(records: list, gen: Path, installer: str, cache_dir: Path, progr
                 target_prefix=gen,
                 package_cache=cache,
                 show_progress=False,
-                reporter=_LinkReporter(progress, len(records)),
+                reporter=_LinkReporter(progress, len(records)),  # type: ignore[arg-type]  # duck-typed
                 execute_link_scripts=False,
             )
         )
@@ -385,7 +397,8 @@ def provision(
                 target.rmdir()
             else:
                 raise ProvisionError(
-                    f"{target} exists and was not made by bin/provision (it is not a symlink to a generation); "
+                    f"{target} exists and was not made by bin/provision (it is not a symlink to a "
+                    f"generation); "
                     f"remove it (rm -rf {target}) or choose another --prefix"
                 )
         previous = os.path.realpath(target) if target.is_symlink() else None

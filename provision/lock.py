@@ -16,8 +16,6 @@ import hashlib
 import json
 import os
 import platform as host
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
+from provision import vpkgs
 from provision.lockfile import CUSTOM_DROPPED, CUSTOM_VPKGS, LockError, LockFile, read_lock
 from provision.paths import repo_root
 from provision.spec import EnvSpec
-from provision import vpkgs
 from provision.vpkgs import VirtualPackages, spec_document
 
 __all__ = ["LockError", "LockFile", "VirtualPackages", "check_lock", "content_hash", "make_lock", "read_lock"]
@@ -92,12 +90,13 @@ async def solve_conda(
             sources=[Channel(s) for s in sources],
             specs=spec.conda,
             gateway=Gateway(cache_dir=cache_dir),
-            platforms=[platform, "noarch"],
+            platforms=[platform, "noarch"],  # type: ignore[list-item]  # rattler's Literal of subdirs
             virtual_packages=vpkgs.for_rattler(),
         )
     except Exception as exc:  # rattler raises its own exception types with the solver's explanation
         raise LockError(
-            f"cannot solve the conda part of {spec.path} for {platform} against {', '.join(sources)}:\n{exc}\n"
+            f"cannot solve the conda part of {spec.path} for {platform} against {', '.join(sources)}:"
+            f"\n{exc}\n"
             f"(a package missing from an offline channel shows up here: add it to the mirror)"
         ) from None
     out = []
@@ -135,7 +134,6 @@ def _conda_locked(rec, url: str, platform: str):
 # --- content hash and drift -----------------------------------------------------------------------
 
 
-
 # Where the virtual packages of a content hash come from: bin/provision's record, a
 # --virtual-package-spec file, or (None) conda-lock's own defaults.
 VpkgSource = VirtualPackages | Path | None
@@ -166,7 +164,9 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VpkgSource) -> str:
         if spec.pip or spec.pip_local:
             deps.append({"pip": list(spec.pip)})
         lockable = Path(tmp, "environment.yml")  # channels as written: conda-lock hashes them so
-        lockable.write_text(yaml.safe_dump({"name": spec.name, "channels": spec.channels, "dependencies": deps}))
+        lockable.write_text(
+            yaml.safe_dump({"name": spec.name, "channels": spec.channels, "dependencies": deps})
+        )
         mapping = Path(tmp, "pypi-mapping.json")  # names map to themselves; no download of conda-lock's map
         mapping.write_text("{}")
         lock_spec = make_lock_spec(
@@ -241,7 +241,8 @@ def check_lock(
             return lock
     raise LockError(
         f"{lock_path} does not match {spec.path} (drift: the dependencies or channels changed since it "
-        f"was locked; conda-lock's content hash computed with {'; then with '.join(c[0] for c in candidates)}); "
+        f"was locked; conda-lock's content hash computed with "
+        f"{'; then with '.join(c[0] for c in candidates)}); "
         f"{relock}"
     )
 
@@ -294,7 +295,9 @@ def _solve_platform(
         extra = [w for w in wanted if w]
         log(f"one owner per package: asking conda for {', '.join(extra)} (pip requires it)")
         try:
-            retry = _solve_once(_with_conda_specs(spec, extra), platform, vp, mirrors, cache_dir, pip_index, log)
+            retry = _solve_once(
+                _with_conda_specs(spec, extra), platform, vp, mirrors, cache_dir, pip_index, log
+            )
         except LockError as exc:
             log(f"one owner per package: conda cannot provide {', '.join(extra)}: {str(exc).splitlines()[0]}")
         else:
@@ -336,7 +339,9 @@ def make_lock(
     for platform in spec.platforms:
         vp = vpkgs_by_platform.get(platform)
         if vp is None:
-            raise LockError(f"no virtual packages for {platform}: add subdirs.{platform} to the virtual-package file")
+            raise LockError(
+                f"no virtual packages for {platform}: add subdirs.{platform} to the virtual-package file"
+            )
         log(
             f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
             f"(virtual packages {vp.as_dict()})"
@@ -351,7 +356,9 @@ def make_lock(
     return summary
 
 
-def _write(spec: EnvSpec, lock_path: Path, packages: list, hashes: dict, vp: VirtualPackages, dropped) -> None:
+def _write(
+    spec: EnvSpec, lock_path: Path, packages: list, hashes: dict, vp: VirtualPackages, dropped
+) -> None:
     from conda_lock.lockfile import write_conda_lock_file
     from conda_lock.lockfile.v1.models import InputMeta, LockMeta, MetadataOption, TimeMeta
     from conda_lock.lockfile.v2prelim.models import Lockfile

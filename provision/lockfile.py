@@ -79,7 +79,8 @@ class LockFile:
         return {(p.manager, p.name): p.version for p in self.for_platform(platform)}
 
     def owner_conflicts(self, platform: str) -> list[str]:
-        """Names locked in both the conda and the pip part for `platform` (pip would overwrite conda's files)."""
+        """Names locked in both the conda and the pip part for `platform` (pip would overwrite the files
+        conda's package owns)."""
         conda = {_canonical(p.name) for p in self.for_platform(platform, "conda")}
         return sorted(conda & {_canonical(p.name) for p in self.for_platform(platform, "pip")})
 
@@ -99,7 +100,8 @@ def _load(path: Path) -> tuple[bytes, dict[str, Any]]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise LockError(
-            f"{where}: malformed YAML ({getattr(exc, 'problem', exc)}); relock with `bin/provision NAME --relock`"
+            f"{where}: malformed YAML ({getattr(exc, 'problem', exc)}); relock with "
+            f"`bin/provision NAME --relock`"
         ) from None
     if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("metadata"), dict):
         version = data.get("version") if isinstance(data, dict) else None

@@ -117,7 +117,7 @@ def parse_version(text: str) -> tuple[int, ...]:
 def node_glibc() -> str | None:
     """The glibc this node runs (e.g. "2.35"), None where there is none (musl)."""
     try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()  # "glibc 2.35"
+        name, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").split()  # "glibc 2.35"
     except (ValueError, OSError, AttributeError):
         return None
     return version if name == "glibc" else None

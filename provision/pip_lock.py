@@ -63,7 +63,7 @@ def _marker_env(python_version: str) -> dict[str, str]:
     from packaging.markers import default_environment
 
     return {
-        **default_environment(),
+        **{k: str(v) for k, v in default_environment().items()},
         "python_version": python_version,
         "sys_platform": "linux",
         "platform_system": "Linux",
@@ -83,7 +83,9 @@ def _requirements(item: dict, marker_env: dict[str, str]) -> list:
     return out
 
 
-def conda_shortfalls(items: list[dict], conda_versions: dict[str, str], python_version: str) -> dict[str, list]:
+def conda_shortfalls(
+    items: list[dict], conda_versions: dict[str, str], python_version: str
+) -> dict[str, list]:
     """Packages pip resolved that conda also provides, but at a version some pip requirement rejects:
     {name: [(who, Requirement), ...]}. Each must get one owner (see lock.make_lock)."""
     from packaging.utils import canonicalize_name
@@ -95,7 +97,7 @@ def conda_shortfalls(items: list[dict], conda_versions: dict[str, str], python_v
     for item in items:
         for req in _requirements(item, marker_env):
             requires.setdefault(canonicalize_name(req.name), []).append((item["metadata"]["name"], req))
-    out = {}
+    out: dict[str, list] = {}
     for item in items:
         name = canonicalize_name(item["metadata"]["name"])
         if name in conda_versions:

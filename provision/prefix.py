@@ -81,7 +81,8 @@ def completeness(prefix: Path) -> tuple[bool, str]:
     if manifest.get("format") != MANIFEST_FORMAT:
         return (
             False,
-            f"{manifest_path(prefix)}: manifest format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}; {fix}",
+            f"{manifest_path(prefix)}: manifest format {manifest.get('format')!r}, expected "
+            f"{MANIFEST_FORMAT}; {fix}",
         )
     if manifest.get("complete") is not True:
         return False, f"{manifest_path(prefix)} does not mark the env complete; {fix}"

@@ -99,7 +99,7 @@ def read_spec_file(path: Path) -> dict[str, VirtualPackages]:
             out[str(platform)] = VirtualPackages.from_dict({str(k): str(v) for k, v in packages.items()})
         except KeyError as exc:
             raise VirtualPackagesError(
-                f"{path}: subdirs.{platform}.packages lacks {exc.args[0]}; add it (e.g. __glibc: \"2.35\")"
+                f'{path}: subdirs.{platform}.packages lacks {exc.args[0]}; add it (e.g. __glibc: "2.35")'
             ) from None
     return out
 

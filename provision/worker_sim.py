@@ -158,7 +158,8 @@ class WorkerSimulation:
             for target, layer in self.mounts
         )
         script = (
-            f"{mounts} || {{ echo 'worker-sim: could not mount the worker overlays' >&2; exit {_MOUNT_FAILED}; }}\n"
+            f"{mounts} || {{ echo 'worker-sim: could not mount the worker overlays' >&2; "
+            f"exit {_MOUNT_FAILED}; }}\n"
             'exec "$@"'
         )
         # unshare execs sh, sh execs argv: the process the caller starts IS the inner command.
@@ -204,7 +205,7 @@ class WorkerSimulation:
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             stdout, stderr = proc.communicate()
-            raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr) from None
+            raise subprocess.TimeoutExpired(argv, timeout or 0.0, output=stdout, stderr=stderr) from None
         except BaseException:
             _kill_tree(proc)
             proc.communicate()
@@ -329,7 +330,8 @@ def _usr_relative(path: str) -> str | None:
 
 
 def _plan_layers() -> dict:
-    """What to hide: {"packages": [...], "dpkg_lists_sha256": str, "targets": {dir: {"dirs": [...], "files": [...]}}}."""
+    """What to hide: {"packages": [...], "dpkg_lists_sha256": str,
+    "targets": {dir: {"dirs": [...], "files": [...]}}}."""
     installed = _installed_packages()
     packages = packages_workers_lack(installed)
     listing = _dpkg_listing(packages)

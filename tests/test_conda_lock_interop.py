@@ -74,8 +74,17 @@ def test_conda_lock_cli_says_the_committed_lock_is_current(tmp_path):
     for name in ("environment.yml", "virtual-packages.yml", "conda-lock.yml"):
         shutil.copy(REPO / name, work / name)
     env = conda_lock_offline_env(tmp_path)
-    argv = [str(CONDA_LOCK), "lock", "--check-input-hash", "-f", "environment.yml",
-            "--virtual-package-spec", "virtual-packages.yml", "--lockfile", "conda-lock.yml"]  # fmt: skip
+    argv = [
+        str(CONDA_LOCK),
+        "lock",
+        "--check-input-hash",
+        "-f",
+        "environment.yml",
+        "--virtual-package-spec",
+        "virtual-packages.yml",
+        "--lockfile",
+        "conda-lock.yml",
+    ]
     proc = subprocess.run(offline(argv), cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Spec hash already locked for ['linux-64']. Skipping solve." in proc.stdout + proc.stderr
@@ -133,11 +142,16 @@ def write_conda_lock_style(spec: Path, channel: Path, lock_path: Path) -> None:
 
     packages = [
         LockedDependency(
-            name=r["name"], version=r["version"], manager="conda", platform="linux-64",
+            name=r["name"],
+            version=r["version"],
+            manager="conda",
+            platform="linux-64",
             dependencies={d.split()[0]: (d.split(" ", 1)[1:] or [""])[0] for d in r.get("depends", [])},
-            url=r["url"], hash=HashModel(md5=r["md5"], sha256=r["sha256"]), build=r["build"],
+            url=r["url"],
+            hash=HashModel(md5=r["md5"], sha256=r["sha256"]),
+            build=r["build"],
             categories={"main", "dev"} if r["name"] == "beta" else {"main"},
-        )  # fmt: skip
+        )
         for r in _records(channel)
     ]
     meta = LockMeta(
@@ -160,8 +174,14 @@ def make_project(tmp: Path, channel: Path) -> tuple[Path, Path]:
 
 def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "CONDA_ENVS_PATH": str(tmp / "envs"), "LINGBOT_PKGS_DIR": str(tmp / "cache")}
-    return subprocess.run([sys.executable, "-m", "provision.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "provision.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_conda_lock_written_lock_has_its_shape(tmp_path, tiny_channel):
@@ -232,9 +252,19 @@ def test_unknown_manager_or_platform_is_refused_naming_it(tmp_path, tiny_channel
 def test_a_name_in_both_parts_is_refused_naming_it(tmp_path, tiny_channel):
     spec, lock = make_project(tmp_path, tiny_channel)
     data = yaml.safe_load(lock.read_text())
-    data["package"].append({"name": "beta", "version": "3.0", "manager": "pip", "platform": "linux-64",
-                            "dependencies": {}, "url": "https://files.example/beta-3.0-py3-none-any.whl",
-                            "hash": {"sha256": "0" * 64}, "category": "main", "optional": False})  # fmt: skip
+    data["package"].append(
+        {
+            "name": "beta",
+            "version": "3.0",
+            "manager": "pip",
+            "platform": "linux-64",
+            "dependencies": {},
+            "url": "https://files.example/beta-3.0-py3-none-any.whl",
+            "hash": {"sha256": "0" * 64},
+            "category": "main",
+            "optional": False,
+        }
+    )
     lock.write_text(yaml.safe_dump(data))
     proc = run_cli(["tiny-env", "-f", str(spec), "--lockfile", str(lock)], tmp_path)
     assert proc.returncode == 2

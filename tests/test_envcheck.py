@@ -20,9 +20,9 @@ import pytest
 
 from provision import install, lock, probes
 from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
-from provision.envvars import job_environment
 from provision.check.context import Context
 from provision.check.table import TABLE, run_table
+from provision.envvars import job_environment
 from provision.spec import load_spec
 from tests.support.channel import index_channel
 from tests.support.ninja_pkg import ninja_package
@@ -63,7 +63,8 @@ def envs(toolchain_channel, ninja_channel, tmp_path_factory) -> Envs:
         spec_dir.mkdir()
         spec_path = spec_dir / "environment.yml"
         spec_path.write_text(
-            f"name: lingbot-test-{kind}\nchannels:\n" + "".join(f"  - {c}\n" for c in channels)
+            f"name: lingbot-test-{kind}\nchannels:\n"
+            + "".join(f"  - {c}\n" for c in channels)
             + "dependencies:\n"
             + "".join(f"  - {d}\n" for d in deps)
             + "variables:\n  LINGBOT_GPU_KIND: b200\n"
@@ -71,7 +72,8 @@ def envs(toolchain_channel, ninja_channel, tmp_path_factory) -> Envs:
         )
         spec = load_spec(spec_path)
         lock_path = spec_dir / "conda-lock.yml"
-        lock.make_lock(spec, lock_path, vpkgs_by_platform={"linux-64": lock.VirtualPackages(cuda="")}, mirrors=None,
+        lock.make_lock(spec, lock_path, vpkgs_by_platform={"linux-64": lock.VirtualPackages(cuda="")},
+                       mirrors=None,
                        cache_dir=root / "rattler-cache", log=lambda _: None)  # fmt: skip
         plan = install.plan(spec, spec.name, lock_path, root / "envs" / spec.name)
         install.provision(plan, cache_dir=root / "pkgs", progress=install.Progress(enabled=False))
@@ -231,7 +233,10 @@ def test_login_node_gxx_does_not_fool_cpp_extension(envs, tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8", "CXX": "/usr/bin/g++"}
     for prefix in (envs.bare, envs.tool):
         ctx = Context(prefix=prefix, worker=True, fast=False, caller_env=env)
-        checks = {c.name: c for c in run_table(ctx, _rows("variables.file", "variables.CXX", "compile.cpp_extension"))}
+        checks = {
+            c.name: c
+            for c in run_table(ctx, _rows("variables.file", "variables.CXX", "compile.cpp_extension"))
+        }
         cpp = checks["compile.cpp_extension"]
         if prefix == envs.bare:  # the worker's scrubbed PATH still finds /usr/bin/c++: never a PASS
             assert cpp.status == FAIL and "which is not in the env" in cpp.message, cpp
@@ -246,10 +251,15 @@ def test_a_skipped_check_names_the_prerequisite_that_failed(tmp_path):
     prefix.mkdir()
     (prefix / "something").write_text("x")  # a directory bin/provision did not make (e.g. a venv)
     ctx = Context(prefix=prefix, worker=True, fast=False, caller_env=dict(os.environ))
-    checks = {c.name: c for c in run_table(ctx, _rows("variables.file", "variables.CC", "variables.CXX",
-                                                       "toolchain.sysroot", "compile.cpp_extension"))}  # fmt: skip
+    rows = _rows(
+        "variables.file", "variables.CC", "variables.CXX", "toolchain.sysroot", "compile.cpp_extension"
+    )
+    checks = {c.name: c for c in run_table(ctx, rows)}
     assert checks["variables.file"].status == FAIL
-    assert "bin/provision lingbot-b200" in checks["variables.file"].fix and ".venv" not in checks["variables.file"].fix
+    assert (
+        "bin/provision lingbot-b200" in checks["variables.file"].fix
+        and ".venv" not in checks["variables.file"].fix
+    )
     for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.cpp_extension"):
         assert checks[name].status == SKIP and "see variables.file" in checks[name].message, checks[name]
 
@@ -323,7 +333,12 @@ def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tm
         "node.glibc",
     ):
         assert checks[name]["status"] == PASS, checks[name]
-    for name in ("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention", "compile.cpp_extension"):
+    for name in (
+        "compile.triton_build",
+        "compile.inductor_cpp",
+        "compile.flex_attention",
+        "compile.cpp_extension",
+    ):
         assert inside(checks[name]["details"]["compiler_path"], envs.tool), checks[name]["details"]
     cpp = checks["compile.cpp_extension"]  # load_inline: torch headers, the env's CXX and ninja, called
     assert cpp["status"] == PASS and cpp["details"]["value"] == [1.0, 3.0, 5.0, 7.0], cpp
@@ -362,7 +377,8 @@ def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_pa
 TRITON_CACHE_PROBE = r"""
 import sys
 from triton.runtime import build
-src = '#include <Python.h>\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "warm_probe", NULL, -1, NULL};\n' \
+src = '#include <Python.h>\n' \
+      'static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "warm_probe", NULL, -1, NULL};\n' \
       'PyMODINIT_FUNC PyInit_warm_probe(void) { return PyModule_Create(&m); }\n'
 try:
     build.compile_module_from_src(src, "warm_probe")
@@ -392,7 +408,8 @@ def test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass(worker, 
     # ... and they really do mask the missing compiler for anything that reads the cache:
     masked = worker.run([sys.executable, str(script)], env=bare_job, cwd=tmp_path, timeout=120)
     assert masked.stdout.strip() == "loaded", masked.stdout + masked.stderr
-    cold = worker.run([sys.executable, str(script)], env={**bare_job, "TRITON_CACHE_DIR": str(tmp_path / "cold")},
+    cold_env = {**bare_job, "TRITON_CACHE_DIR": str(tmp_path / "cold")}
+    cold = worker.run([sys.executable, str(script)], env=cold_env,
                       cwd=tmp_path, timeout=120)  # fmt: skip
     assert "Failed to find C compiler" in cold.stdout
 

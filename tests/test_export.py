@@ -53,12 +53,18 @@ def project(tmp_path: Path) -> dict:
     index_channel(channel)
     wheels = tmp_path / "reachable" / "wheels"
     alpha = write_wheel(wheels, "tinyalpha", "1.0", "VALUE = 'alpha-1.0'\n")
-    beta = write_wheel(wheels, "tinybeta", "2.0", "import tinyalpha\nVALUE = 'beta+' + tinyalpha.VALUE\n",
-                       requires=["tinyalpha>=1.0"])  # fmt: skip
+    beta = write_wheel(
+        wheels,
+        "tinybeta",
+        "2.0",
+        "import tinyalpha\nVALUE = 'beta+' + tinyalpha.VALUE\n",
+        requires=["tinyalpha>=1.0"],
+    )
     index_url = write_simple_index(tmp_path / "reachable" / "simple", [alpha, beta])
     spec = tmp_path / "project" / "environment.yml"
     spec.parent.mkdir()
-    spec.write_text(textwrap.dedent(f"""\
+    spec.write_text(
+        textwrap.dedent(f"""\
         name: offline-env
         channels:
           - {channel}
@@ -67,7 +73,8 @@ def project(tmp_path: Path) -> dict:
           - pip
           - pip:
               - tinybeta==2.0
-        """))
+        """)
+    )
     relock = run_cli(["-f", str(spec), "--relock", "--pip-index", index_url, "-q"], tmp_path)
     assert relock.returncode == 0, relock.stderr
     return {"spec": spec, "lock": spec.parent / "conda-lock.yml", "reachable": tmp_path / "reachable"}
@@ -101,13 +108,18 @@ def test_export_then_install_from_it_with_nothing_reachable(project, tmp_path):
     shutil.rmtree(project["reachable"])
     direct = run_cli(["offline-env", "-f", str(spec), "-q"], tmp_path, no_network=True)
     assert direct.returncode == 2 and "does not exist" in direct.stderr  # the lock's own URLs are dead
-    installed = run_cli(["offline-env", "-f", str(spec), "--from", str(out), "--json"], tmp_path,
-                        no_network=True)  # fmt: skip
+    installed = run_cli(
+        ["offline-env", "-f", str(spec), "--from", str(out), "--json"], tmp_path, no_network=True
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     prefix = tmp_path / "envs" / "offline-env"
     assert prefixes.completeness(prefix) == (True, "")
-    got = subprocess.run([str(prefix / "bin" / "python"), "-I", "-c", "import tinybeta; print(tinybeta.VALUE)"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    got = subprocess.run(
+        [str(prefix / "bin" / "python"), "-I", "-c", "import tinybeta; print(tinybeta.VALUE)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert got.stdout.strip() == "beta+alpha-1.0", got.stderr
 
 
@@ -126,7 +138,9 @@ def test_tampered_export_and_foreign_lock_are_refused(project, tmp_path):
 
     other = tmp_path / "other-lock.yml"
     other.write_text(project["lock"].read_text() + "# another lock (same packages, other bytes)\n")
-    foreign = run_cli(["offline-env", "-f", str(spec), "--lockfile", str(other), "--from", str(out)], tmp_path)
+    foreign = run_cli(
+        ["offline-env", "-f", str(spec), "--lockfile", str(other), "--from", str(out)], tmp_path
+    )
     assert foreign.returncode == 2 and "was exported from a lock with sha256" in foreign.stderr
 
 
@@ -138,5 +152,9 @@ def test_export_of_a_corrupt_source_writes_nothing(project, tmp_path):
     victim.write_bytes(b"not a package")
     out = tmp_path / "kit"
     proc = run_cli(["offline-env", "-f", str(spec), "--export", str(out)], tmp_path)
-    assert proc.returncode == 2 and "does not match the lock" in proc.stderr and conda[0].file_name in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "does not match the lock" in proc.stderr
+        and conda[0].file_name in proc.stderr
+    )
     assert not out.exists() and not list(tmp_path.glob("kit.partial-*"))

@@ -78,7 +78,10 @@ def test_real_tmpfs_and_bind_mount_reported_as_network_are_flagged(tmp_path):
     tmpfs_dir, bind_dir = tmp_path / "tmpfs-home", tmp_path / "bind-scratch"
     tmpfs_dir.mkdir()
     bind_dir.mkdir()
-    script = f"mount -t tmpfs envcheck-test {tmpfs_dir} && mount --bind {tmpfs_dir} {bind_dir} && cat /proc/self/mountinfo"
+    script = (
+        f"mount -t tmpfs envcheck-test {tmpfs_dir} && mount --bind {tmpfs_dir} {bind_dir} && "
+        "cat /proc/self/mountinfo"
+    )
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     if proc.returncode != 0:
@@ -123,7 +126,8 @@ def test_glibc_versions(tmp_path):
 
 @pytest.mark.parametrize(
     "text, kind",
-    [("NVIDIA B200", "b200"), ("NVIDIA H200 NVL", "h200"), ("lingbot-b200", "b200"), ("NVIDIA GB200", "gb200"),
+    [("NVIDIA B200", "b200"), ("NVIDIA H200 NVL", "h200"), ("lingbot-b200", "b200"),
+     ("NVIDIA GB200", "gb200"),
      ("/home/u/.triton/cache_lingbot-h200_h200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("cpu", None),
      ("b2000", None)],
 )  # fmt: skip

@@ -275,8 +275,8 @@ def test_toolchain_env_compiles_in_the_worker_activated_and_not(
 
     # activated like `conda activate`: activate.d in order, then deactivate.d in reverse order
     shell = textwrap.dedent("""\
-        show() { printf 'CC=%s|%s CXX=%s|%s CPATH=%s|%s\\n' "${CC-unset}" "${CC+x}" "${CXX-unset}" "${CXX+x}" \
-            "${CPATH-unset}" "${CPATH+x}"; }
+        show() { printf 'CC=%s|%s CXX=%s|%s CPATH=%s|%s\\n' "${CC-unset}" "${CC+x}" \
+            "${CXX-unset}" "${CXX+x}" "${CPATH-unset}" "${CPATH+x}"; }
         show
         export CONDA_PREFIX="$1"; export PATH="$1/bin:$PATH"
         for s in "$1"/etc/conda/activate.d/*.sh; do . "$s"; done

@@ -129,7 +129,10 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
     elsewhere.mkdir()
 
     # the interpreter is the env's own: its prefix is the env and its libpython comes from the env
-    code = "import sys, sysconfig; print(sys.prefix); print(sys.executable); print(sysconfig.get_config_var('LIBDIR'))"
+    code = (
+        "import sys, sysconfig; print(sys.prefix); print(sys.executable); "
+        "print(sysconfig.get_config_var('LIBDIR'))"
+    )
     got = env_python(prefix, code, elsewhere)
     assert got.returncode == 0, got.stderr
     sys_prefix, executable, libdir = got.stdout.splitlines()

@@ -81,7 +81,11 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
     # one owner per package: setuptools (torch needs >= 77.0.3, the channel has 75.1.0) is pip's only,
     # with the reason recorded; ninja (torch.utils.cpp_extension's build tool) is locked
     assert not set(conda) & set(pip), set(conda) & set(pip)
-    assert "setuptools" in pip and "setuptools" in header.dropped and "torch needs" in header.dropped["setuptools"]
+    assert (
+        "setuptools" in pip
+        and "setuptools" in header.dropped
+        and "torch needs" in header.dropped["setuptools"]
+    )
     assert "ninja" in pip
 
 

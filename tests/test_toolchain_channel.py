@@ -46,8 +46,8 @@ TRITON_BUILD = textwrap.dedent(f"""
     print(mod.hypot2(3.0, 4.0), os.path.realpath(mod.__file__))
 """)
 
-# A fused row-wise reduction over a 2-D tensor (one kernel): with 2 threads Inductor's C++ backend wraps the outer loop
-# in `#pragma omp parallel`, so the build needs -fopenmp, libgomp and the C++ headers.
+# A fused row-wise reduction over a 2-D tensor (one kernel): with 2 threads Inductor's C++ backend wraps the
+# outer loop in `#pragma omp parallel`, so the build needs -fopenmp, libgomp and the C++ headers.
 INDUCTOR_OPENMP = textwrap.dedent("""
     import glob, json, os
     import torch
@@ -109,7 +109,8 @@ def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixe
     script = (
         'CC=/old/cc; export CC; for f in "$CONDA_PREFIX"/etc/conda/activate.d/*.sh; do . "$f"; done; '
         'echo "$CC"; echo "$CXX"; "$CXX" --version | head -n1; '
-        'for f in "$CONDA_PREFIX"/etc/conda/deactivate.d/*.sh; do . "$f"; done; echo "$CC"; echo "${CXX-unset}"'
+        'for f in "$CONDA_PREFIX"/etc/conda/deactivate.d/*.sh; do . "$f"; done; '
+        'echo "$CC"; echo "${CXX-unset}"'
     )
     out = subprocess.run(
         ["sh", "-c", script], env={"CONDA_PREFIX": str(prefix), "PATH": "/usr/bin:/bin"},

@@ -28,8 +28,20 @@ from provision.check.context import Context, env_name_of, scrubbed_environment
 from provision.check.report import FAIL, PASS, REPORT_FORMAT, SKIP, STATUSES, WARN, Check, Report
 from provision.check.table import TABLE, run_table
 
-__all__ = ["FAIL", "PASS", "REPORT_FORMAT", "SKIP", "STATUSES", "TABLE", "WARN", "Check", "Report",
-           "cache_filesystem_verdict", "run_checks", "scrubbed_environment"]  # fmt: skip
+__all__ = [
+    "FAIL",
+    "PASS",
+    "REPORT_FORMAT",
+    "SKIP",
+    "STATUSES",
+    "TABLE",
+    "WARN",
+    "Check",
+    "Report",
+    "cache_filesystem_verdict",
+    "run_checks",
+    "scrubbed_environment",
+]
 
 
 def run_checks(
@@ -53,13 +65,24 @@ def run_checks(
     compile checks with the caller's environment instead of skipping them (never under --worker)."""
     prefix = Path(prefix)
     ctx = Context(
-        prefix=prefix, worker=worker, fast=fast, caller_env=dict(os.environ if env is None else env),
+        prefix=prefix,
+        worker=worker,
+        fast=fast,
+        caller_env=dict(os.environ if env is None else env),
         lockfile=Path(lockfile) if lockfile else None,
-        mountinfo=os.fspath(mountinfo) if mountinfo is not None else None, progress=progress,
-        chosen_by=chosen_by, compile_as_caller=compile_as_caller,
-    )  # fmt: skip
-    report = Report(str(prefix), env_name_of(prefix), worker, fast, socket.gethostname(),
-                    time.strftime("%Y-%m-%dT%H:%M:%S%z"))  # fmt: skip
+        mountinfo=os.fspath(mountinfo) if mountinfo is not None else None,
+        progress=progress,
+        chosen_by=chosen_by,
+        compile_as_caller=compile_as_caller,
+    )
+    report = Report(
+        str(prefix),
+        env_name_of(prefix),
+        worker,
+        fast,
+        socket.gethostname(),
+        time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     started = time.perf_counter()
     report.checks = run_table(ctx)
     report.seconds = round(time.perf_counter() - started, 3)

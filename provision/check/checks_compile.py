@@ -31,9 +31,13 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
     if not run.ok:
         details["error"] = run.failure_text()
         fix = var_fix or (
-            f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}" if compiler else ctx.provision_fix()
+            f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
+            if compiler
+            else ctx.provision_fix()
         )
-        return Outcome(FAIL, f"{what} failed in the job's environment:\n{short_error(run.failure_text())}", fix, details)
+        return Outcome(
+            FAIL, f"{what} failed in the job's environment:\n{short_error(run.failure_text())}", fix, details
+        )
     if compiler and not inside(real, ctx.prefix):
         return Outcome(
             WARN,
@@ -45,10 +49,14 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
 
 
 def check_triton_build(ctx: Context) -> Outcome:
-    run = ctx.probe("triton_build", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=180)
+    run = ctx.probe(
+        "triton_build", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=180
+    )
     r = run.result
-    passed = (f"triton.runtime.build compiled and imported a C extension with {r.get('compiler')} in "
-              f"{r.get('compile_s', 0):.1f} s")  # fmt: skip
+    passed = (
+        f"triton.runtime.build compiled and imported a C extension with {r.get('compiler')} in "
+        f"{r.get('compile_s', 0):.1f} s"
+    )
     return compile_verdict(ctx, run, "CC", "Triton's C build (triton.runtime.build)", passed)
 
 
@@ -84,7 +92,8 @@ def check_flex(ctx: Context) -> Outcome:
     r = run.result
     if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
         r["error"] = (
-            f"FlexAttention disagrees with SDPA: forward max error {r.get('forward_max_abs_error')}, backward "
+            f"FlexAttention disagrees with SDPA: forward max error {r.get('forward_max_abs_error')}, "
+            f"backward "
             f"{r.get('backward_max_abs_error', 'n/a')}"
         )
     backward = (
@@ -94,21 +103,26 @@ def check_flex(ctx: Context) -> Outcome:
     )
     passed = (
         f"compiled FlexAttention ({r.get('device')}, {r.get('tokens')} tokens, LingBot block mask "
-        f"{100 * r.get('masked_share', 0):.0f}% masked) in {r.get('compile_s', 0):.1f} s; vs SDPA: forward max "
+        f"{100 * r.get('masked_share', 0):.0f}% masked) in {r.get('compile_s', 0):.1f} s; vs SDPA: "
+        f"forward max "
         f"error {r.get('forward_max_abs_error', float('nan')):.1e}{backward}"
     )
     return compile_verdict(ctx, run, "CC" if gpu else "CXX", "FlexAttention under torch.compile", passed)
 
 
 def check_cpp_extension(ctx: Context) -> Outcome:
-    run = ctx.probe("cpp_extension", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=900)
+    run = ctx.probe(
+        "cpp_extension", {"nonce": probes.nonce(), "require_under": ctx.require_under()}, timeout=900
+    )
     r = run.result
     if r.get("stage") == "locate_ninja":
         return Outcome(
             FAIL,
-            f"torch.utils.cpp_extension would build with {r.get('ninja')} ({r.get('ninja_path')}), which is not "
+            f"torch.utils.cpp_extension would build with {r.get('ninja')} ({r.get('ninja_path')}), "
+            f"which is not "
             f"in the env: it passes here only thanks to the system's ninja, and a worker has none",
-            f"lock ninja in the env (environment.yml pip: ninja), relock (bin/provision {ctx.spec_name} --relock), "
+            f"lock ninja in the env (environment.yml pip: ninja), relock "
+            f"(bin/provision {ctx.spec_name} --relock), "
             f"provision (bin/provision {ctx.spec_name})",
             {k: v for k, v in r.items() if k != "ok"},
         )
@@ -120,6 +134,8 @@ def check_cpp_extension(ctx: Context) -> Outcome:
             f"{ctx.spec_name} --relock), provision (bin/provision {ctx.spec_name})",
             {k: v for k, v in r.items() if k != "ok"},
         )
-    passed = (f"torch.utils.cpp_extension.load_inline built and called a torch C++ function with "
-              f"{r.get('compiler')} and {r.get('ninja')} in {r.get('compile_s', 0):.1f} s")  # fmt: skip
+    passed = (
+        f"torch.utils.cpp_extension.load_inline built and called a torch C++ function with "
+        f"{r.get('compiler')} and {r.get('ninja')} in {r.get('compile_s', 0):.1f} s"
+    )
     return compile_verdict(ctx, run, "CXX", "torch.utils.cpp_extension (load_inline)", passed)

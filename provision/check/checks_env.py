@@ -42,7 +42,9 @@ def check_lock(ctx: Context) -> Outcome:
     if not isinstance(lock, LockFile):
         return Outcome(FAIL, lock, f"point --lockfile at the env's conda-lock.yml, or {ctx.provision_fix()}")
     if not ctx.manifest:
-        return Outcome(FAIL, "the env has no completion manifest to compare with the lock", ctx.provision_fix())
+        return Outcome(
+            FAIL, "the env has no completion manifest to compare with the lock", ctx.provision_fix()
+        )
     plat = ctx.platform
     want, have = lock.content_hash.get(plat), ctx.manifest.get("lock_content_hash")
     if want is None:
@@ -56,8 +58,11 @@ def check_lock(ctx: Context) -> Outcome:
         )
     sha = ctx.manifest.get("lock_sha256")
     if sha and sha != lock.sha256:
-        return Outcome(FAIL, f"{lock.path} was relocked after this env was provisioned (same spec, new solve)",
-                       ctx.provision_fix())  # fmt: skip
+        return Outcome(
+            FAIL,
+            f"{lock.path} was relocked after this env was provisioned (same spec, new solve)",
+            ctx.provision_fix(),
+        )
     return Outcome(PASS, f"matches {lock.path} ({plat}, content hash {want[:12]}...)")
 
 
@@ -86,8 +91,12 @@ def check_versions(ctx: Context) -> Outcome:
     run = ctx.interpreter_run
     if run is None:
         if wanted:
-            return Outcome(FAIL, f"the env has no bin/python, but the lock has {_pairs(wanted)}", ctx.provision_fix())
-        return Outcome(SKIP, f"the lock has none of python, torch, triton and the env has no python ({ctx.lock_path})")
+            return Outcome(
+                FAIL, f"the env has no bin/python, but the lock has {_pairs(wanted)}", ctx.provision_fix()
+            )
+        return Outcome(
+            SKIP, f"the lock has none of python, torch, triton and the env has no python ({ctx.lock_path})"
+        )
     if not run.ok:
         return Outcome(FAIL, f"{own} failed to start: {short_error(run.failure_text())}", ctx.provision_fix())
     got = run.result
@@ -99,7 +108,9 @@ def check_versions(ctx: Context) -> Outcome:
         found = got.get(name)
         if found is None or not _same_version(found, version):
             why = got.get(f"{name}_error", "")
-            wrong.append(f"{name} {found or 'missing'} (locked {version}){': ' + short_error(why, 300) if why else ''}")
+            wrong.append(
+                f"{name} {found or 'missing'} (locked {version}){': ' + short_error(why, 300) if why else ''}"
+            )
     if wrong:
         return Outcome(FAIL, "not as locked: " + "; ".join(wrong), ctx.provision_fix(), {"interpreter": got})
     return Outcome(PASS, f"as locked: {_pairs({k: got[k] for k in wanted})}", "", {"interpreter": got})
@@ -119,21 +130,28 @@ def check_variables_file(ctx: Context) -> Outcome:
     wrong = []
     for entry in entries:
         value, have = expand(entry.value, scope), env.get(entry.name)
-        good = have is not None and (have.split(":")[0] == value if entry.mode == "prepend" else have == value)
+        good = have is not None and (
+            have.split(":")[0] == value if entry.mode == "prepend" else have == value
+        )
         if not good:
             wrong.append(f"{entry.name}={have!r}, the env says {entry.mode} {value!r}")
         scope[entry.name] = have if have is not None else value
     details = {"resolved": {e.name: env.get(e.name) for e in entries}, "as": job.how}
     if wrong:
         fix = (
-            "re-activate the env (conda deactivate, then conda activate with it); something overrode the hooks"
+            "re-activate the env (conda deactivate, then conda activate with it); "
+            "something overrode the hooks"
             if job.activated
             else ctx.provision_fix()
         )
         return Outcome(FAIL, f"as seen by {job.how}: " + "; ".join(wrong), fix, details)
     listed = ", ".join(e.name for e in entries)
-    return Outcome(PASS, f"{len(entries)} variables ({listed}) from {env_vars_path(ctx.prefix)} as seen by {job.how}",
-                   "", details)  # fmt: skip
+    return Outcome(
+        PASS,
+        f"{len(entries)} variables ({listed}) from {env_vars_path(ctx.prefix)} as seen by {job.how}",
+        "",
+        details,
+    )
 
 
 def check_compiler_var(ctx: Context, var: str) -> Outcome:
@@ -154,8 +172,11 @@ def check_compiler_var(ctx: Context, var: str) -> Outcome:
         return Outcome(FAIL, f"{var}={value} is not executable", ctx.package_fix(package))
     real = os.path.realpath(path)
     if not inside(real, ctx.prefix):
-        return Outcome(FAIL, f"{var}={value} resolves to {real}, outside the env: workers have no system compiler",
-                       ctx.package_fix(package))  # fmt: skip
+        return Outcome(
+            FAIL,
+            f"{var}={value} resolves to {real}, outside the env: workers have no system compiler",
+            ctx.package_fix(package),
+        )
     return Outcome(PASS, f"{var}={value}" + (f" -> {real}" if real != value else ""))
 
 
@@ -163,8 +184,9 @@ def check_sysroot(ctx: Context) -> Outcome:
     """The env's compilers must link against the env's sysroot, not the node's libc dev files."""
     env, found, outside, missing = ctx.job_env, {}, [], []
     for var, name in (("CC", "crt1.o"), ("CC", "libc.so"), ("CXX", "libstdc++.so")):
-        proc = subprocess.run([env[var], f"-print-file-name={name}"], env=env, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [env[var], f"-print-file-name={name}"], env=env, capture_output=True, text=True, timeout=60
+        )
         path = proc.stdout.strip()
         found[name] = path
         if proc.returncode != 0 or not os.path.isabs(path) or not os.path.exists(path):
@@ -172,7 +194,10 @@ def check_sysroot(ctx: Context) -> Outcome:
         elif not inside(path, ctx.prefix):
             outside.append(f"{name} from {os.path.realpath(path)}")
     if missing or outside:
-        what = "; ".join([f"cannot find {m}" for m in missing] + [f"links {o}, outside the env" for o in outside])
-        return Outcome(FAIL, f"{what}: a worker has no such files", ctx.package_fix("sysroot_linux-64"),
-                       {"files": found})  # fmt: skip
+        what = "; ".join(
+            [f"cannot find {m}" for m in missing] + [f"links {o}, outside the env" for o in outside]
+        )
+        return Outcome(
+            FAIL, f"{what}: a worker has no such files", ctx.package_fix("sysroot_linux-64"), {"files": found}
+        )
     return Outcome(PASS, "crt1.o, libc.so, libstdc++.so all from the env's sysroot", "", {"files": found})

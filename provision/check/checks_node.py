@@ -46,11 +46,15 @@ def inductor_cache_dir(ctx: Context) -> str:
 
 def check_triton_cache(ctx: Context) -> Outcome:
     path, is_set = triton_cache_dir(ctx)
-    note = "" if is_set else " (TRITON_CACHE_DIR is unset: Triton's default, shared by every env and GPU kind)"
+    note = (
+        "" if is_set else " (TRITON_CACHE_DIR is unset: Triton's default, shared by every env and GPU kind)"
+    )
     target = Path(path)
     base = nodeinfo.existing_ancestor(target)
     if base != target and not base.is_dir():
-        return Outcome(FAIL, f"{path}: {base} is not a directory", "set TRITON_CACHE_DIR to a writable directory")
+        return Outcome(
+            FAIL, f"{path}: {base} is not a directory", "set TRITON_CACHE_DIR to a writable directory"
+        )
     try:
         fd, probe_file = tempfile.mkstemp(prefix=".envcheck-", dir=base)
         os.write(fd, b"envcheck\n")
@@ -58,15 +62,21 @@ def check_triton_cache(ctx: Context) -> Outcome:
         os.close(fd)
         os.unlink(probe_file)
     except OSError as exc:
-        return Outcome(FAIL, f"{path} is not writable: {exc}{note}", "make it writable or point TRITON_CACHE_DIR elsewhere")
+        return Outcome(
+            FAIL,
+            f"{path} is not writable: {exc}{note}",
+            "make it writable or point TRITON_CACHE_DIR elsewhere",
+        )
     free = nodeinfo.free_bytes(base)
     state = "exists" if base == target else f"does not exist yet; Triton creates it under {base}"
     message = f"{path} {state}, writable, {_gib(free)} free{note}"
     if free < MIN_FREE:
         return Outcome(FAIL, message, f"free space on {base} or point TRITON_CACHE_DIR elsewhere")
     if free < LOW_FREE or not is_set:
-        fix = "free space there" if is_set else (
-            "provision the env from a spec that sets TRITON_CACHE_DIR (environment.yml variables:)"
+        fix = (
+            "free space there"
+            if is_set
+            else ("provision the env from a spec that sets TRITON_CACHE_DIR (environment.yml variables:)")
         )
         return Outcome(WARN, message, fix)
     return Outcome(PASS, message)
@@ -78,11 +88,17 @@ def cache_filesystem_verdict(label: str, path: str, mountinfo: str | os.PathLike
     try:
         mount = nodeinfo.mount_of(path, mountinfo)
     except (OSError, ValueError) as exc:
-        return (WARN, f"cannot tell which filesystem holds {label} {path}: {exc}",
-                "check by hand that it is on node-local disk (df -T PATH)", {"path": path})  # fmt: skip
+        return (
+            WARN,
+            f"cannot tell which filesystem holds {label} {path}: {exc}",
+            "check by hand that it is on node-local disk (df -T PATH)",
+            {"path": path},
+        )
     details = {"path": path, "mount_point": mount.mount_point, "fstype": mount.fstype, "source": mount.source}
     if nodeinfo.is_network_fs(mount.fstype):
-        message = f"{label} {path} is on {mount.fstype} ({mount.source} at {mount.mount_point}): {NETWORK_FS_RACES}"
+        message = (
+            f"{label} {path} is on {mount.fstype} ({mount.source} at {mount.mount_point}): {NETWORK_FS_RACES}"
+        )
         return WARN, message, NODE_LOCAL_FIX, details
     return PASS, f"{label} {path} is on {mount.fstype} (local, mounted at {mount.mount_point})", "", details
 
@@ -104,15 +120,25 @@ def gpu_absent_reason(ctx: Context) -> str:
 def check_cuda(ctx: Context) -> Outcome:
     info = ctx.interpreter
     if info is None:
-        return Outcome(FAIL, "the env's python cannot report torch's CUDA state (no python or torch)", ctx.provision_fix())
+        return Outcome(
+            FAIL,
+            "the env's python cannot report torch's CUDA state (no python or torch)",
+            ctx.provision_fix(),
+        )
     if not info.get("torch_cuda"):
         return Outcome(FAIL, f"torch {info.get('torch')} is a CPU build on a GPU node", ctx.provision_fix())
     if not info.get("cuda_available"):
-        return Outcome(FAIL, f"torch {info.get('torch')} sees no GPU: {info.get('cuda_error', 'cuda unavailable')}",
-                       "check CUDA_VISIBLE_DEVICES and the job's GPU allocation (--gres/--gpus)")  # fmt: skip
+        return Outcome(
+            FAIL,
+            f"torch {info.get('torch')} sees no GPU: {info.get('cuda_error', 'cuda unavailable')}",
+            "check CUDA_VISIBLE_DEVICES and the job's GPU allocation (--gres/--gpus)",
+        )
     devices = info.get("cuda_devices") or []
-    return Outcome(PASS, f"{len(devices)} GPU(s) visible: {', '.join(devices)} (torch {info['torch']}, CUDA "
-                   f"{info['torch_cuda']})")  # fmt: skip
+    return Outcome(
+        PASS,
+        f"{len(devices)} GPU(s) visible: {', '.join(devices)} (torch {info['torch']}, CUDA "
+        f"{info['torch_cuda']})",
+    )
 
 
 def check_driver(ctx: Context) -> Outcome:
@@ -120,17 +146,24 @@ def check_driver(ctx: Context) -> Outcome:
     info = ctx.interpreter or {}
     need = info.get("torch_cuda")
     if driver is None:
-        return Outcome(FAIL, "libcuda.so.1 cannot be loaded: no NVIDIA driver usable here",
-                       "run on a node with the NVIDIA driver")  # fmt: skip
+        return Outcome(
+            FAIL,
+            "libcuda.so.1 cannot be loaded: no NVIDIA driver usable here",
+            "run on a node with the NVIDIA driver",
+        )
     have = (driver // 1000, driver % 1000 // 10)
     if not need:
-        return Outcome(FAIL, f"driver supports CUDA {have[0]}.{have[1]}; torch is not a CUDA build", ctx.provision_fix())
+        return Outcome(
+            FAIL, f"driver supports CUDA {have[0]}.{have[1]}; torch is not a CUDA build", ctx.provision_fix()
+        )
     want = nodeinfo.parse_version(need)[:2]
     text = f"the driver supports CUDA {have[0]}.{have[1]}, torch {info.get('torch')} is built for CUDA {need}"
     if have >= want:
         return Outcome(PASS, text)
-    fix = (f"run on nodes whose driver supports CUDA {need} (CUDA 13 needs driver >= 580, 12.x >= 525), or lock "
-           f"a torch for CUDA {have[0]}.{have[1]}")  # fmt: skip
+    fix = (
+        f"run on nodes whose driver supports CUDA {need} (CUDA 13 needs driver >= 580, 12.x >= 525), or lock "
+        f"a torch for CUDA {have[0]}.{have[1]}"
+    )
     if have[0] == want[0]:
         return Outcome(WARN, text + " (minor-version compatibility: PTX JIT of newer kernels may fail)", fix)
     return Outcome(FAIL, text, fix)
@@ -140,7 +173,9 @@ def check_nccl(ctx: Context) -> Outcome:
     info = ctx.interpreter or {}
     if info.get("nccl"):
         return Outcome(PASS, f"NCCL {info['nccl']} loads")
-    return Outcome(FAIL, f"NCCL does not load: {info.get('nccl_error', 'torch has no NCCL')}", ctx.provision_fix())
+    return Outcome(
+        FAIL, f"NCCL does not load: {info.get('nccl_error', 'torch has no NCCL')}", ctx.provision_fix()
+    )
 
 
 def check_gpu_kind(ctx: Context) -> Outcome:
@@ -151,25 +186,40 @@ def check_gpu_kind(ctx: Context) -> Outcome:
     if not kinds:
         return Outcome(FAIL, "no GPU name to compare", "see gpu.cuda")
     if expected is None:
-        return Outcome(WARN, f"node has {names}; the env names no GPU kind",
-                       "set LINGBOT_GPU_KIND in environment.yml variables:")  # fmt: skip
+        return Outcome(
+            WARN,
+            f"node has {names}; the env names no GPU kind",
+            "set LINGBOT_GPU_KIND in environment.yml variables:",
+        )
     if kinds != {expected}:
-        return Outcome(FAIL, f"the env {ctx.name} is for {expected}, the node has {names}: kernels and caches are "
-                       f"per GPU kind", f"use the env for this GPU kind (e.g. lingbot-{sorted(map(str, kinds))[0]})")
+        return Outcome(
+            FAIL,
+            f"the env {ctx.name} is for {expected}, the node has {names}: kernels and caches are "
+            f"per GPU kind",
+            f"use the env for this GPU kind (e.g. lingbot-{sorted(map(str, kinds))[0]})",
+        )
     return Outcome(PASS, f"node GPUs are {expected}, as the env expects")
 
 
 def check_glibc(ctx: Context) -> Outcome:
     node, sysroot = nodeinfo.node_glibc(), nodeinfo.sysroot_glibc(ctx.prefix)
     if sysroot is None:
-        return Outcome(FAIL, "the env has no sysroot_linux-64: nothing fixes the glibc its builds target",
-                       ctx.package_fix("sysroot_linux-64"))  # fmt: skip
+        return Outcome(
+            FAIL,
+            "the env has no sysroot_linux-64: nothing fixes the glibc its builds target",
+            ctx.package_fix("sysroot_linux-64"),
+        )
     if node is None:
-        return Outcome(FAIL, "this node runs no glibc (musl?); the env's binaries need glibc", "run on a glibc node")
+        return Outcome(
+            FAIL, "this node runs no glibc (musl?); the env's binaries need glibc", "run on a glibc node"
+        )
     text = f"node glibc {node}, the env's sysroot targets {sysroot}"
     if nodeinfo.parse_version(node) < nodeinfo.parse_version(sysroot):
-        return Outcome(FAIL, text + ": code built in the env will not load here",
-                       f"lock an older sysroot_linux-64 (<= {node}) in environment.yml, relock, provision")
+        return Outcome(
+            FAIL,
+            text + ": code built in the env will not load here",
+            f"lock an older sysroot_linux-64 (<= {node}) in environment.yml, relock, provision",
+        )
     return Outcome(PASS, text)
 
 
@@ -184,8 +234,12 @@ def check_disk(ctx: Context) -> Outcome:
     text = ", ".join(f"{label} {places[label]}: {_gib(n)}" for label, n in free.items())
     low = [label for label, n in free.items() if n < MIN_FREE]
     if low:
-        return Outcome(FAIL, f"under {_gib(MIN_FREE)} free: {text}", f"free disk space for {', '.join(low)}",
-                       {"free_bytes": free})  # fmt: skip
+        return Outcome(
+            FAIL,
+            f"under {_gib(MIN_FREE)} free: {text}",
+            f"free disk space for {', '.join(low)}",
+            {"free_bytes": free},
+        )
     if any(n < LOW_FREE for n in free.values()):
         return Outcome(WARN, f"low on space: {text}", "free disk space", {"free_bytes": free})
     return Outcome(PASS, text, "", {"free_bytes": free})

@@ -41,8 +41,13 @@ def _simulate(params: dict) -> int:
     for flag, key in (("--fast", "fast"), ("--json", "as_json")):
         if params[key]:
             argv.append(flag)
-    for option, key in (("--env", "env_name"), ("--prefix", "prefix"), ("--json-file", "json_file"),
-                        ("--lockfile", "lockfile"), ("--mountinfo", "mountinfo")):  # fmt: skip
+    for option, key in (
+        ("--env", "env_name"),
+        ("--prefix", "prefix"),
+        ("--json-file", "json_file"),
+        ("--lockfile", "lockfile"),
+        ("--mountinfo", "mountinfo"),
+    ):
         if params[key] is not None:
             argv += [option, str(params[key])]
     click.echo(
@@ -54,21 +59,42 @@ def _simulate(params: dict) -> int:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--env", "env_name", metavar="NAME",
-              help="Env name under the envs dir [default: the active env, else lingbot-b200].")
+@click.option(
+    "--env",
+    "env_name",
+    metavar="NAME",
+    help="Env name under the envs dir [default: the active env, else lingbot-b200].",
+)
 @click.option("--prefix", type=click.Path(path_type=Path), help="Env prefix (instead of --env).")
-@click.option("--worker", is_flag=True, help="Check as a non-activated job on a compiler-less worker sees it.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Exactly one JSON object (the report) on stdout; the text report on stderr.")
-@click.option("--json-file", type=click.Path(path_type=Path), default=None,
-              help="Also write the JSON report to FILE (atomically).")
-@click.option("--simulate-worker", is_flag=True,
-              help="Re-run with --worker inside the worker simulation (needs root).")
+@click.option(
+    "--worker", is_flag=True, help="Check as a non-activated job on a compiler-less worker sees it."
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Exactly one JSON object (the report) on stdout; the text report on stderr.",
+)
+@click.option(
+    "--json-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the JSON report to FILE (atomically).",
+)
+@click.option(
+    "--simulate-worker", is_flag=True, help="Re-run with --worker inside the worker simulation (needs root)."
+)
 @click.option("--fast", is_flag=True, help="bin/train's preflight subset: compilers, caches, node (seconds).")
-@click.option("--lockfile", type=click.Path(path_type=Path),
-              help="Lock to compare with [default: the one the env was provisioned from].")
-@click.option("--mountinfo", type=click.Path(exists=True, dir_okay=False),
-              help="Mount table to read instead of /proc/self/mountinfo.")
+@click.option(
+    "--lockfile",
+    type=click.Path(path_type=Path),
+    help="Lock to compare with [default: the one the env was provisioned from].",
+)
+@click.option(
+    "--mountinfo",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Mount table to read instead of /proc/self/mountinfo.",
+)
 def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lockfile, mountinfo) -> None:
     """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
     if env_name and prefix:
@@ -87,8 +113,15 @@ def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lo
     def progress(line: str) -> None:
         print(f"envcheck: {line}", file=sys.stderr, flush=True)
 
-    report = run_checks(target, worker=worker, fast=fast, lockfile=lockfile, mountinfo=mountinfo,
-                        progress=progress, chosen_by=chosen_by)  # fmt: skip
+    report = run_checks(
+        target,
+        worker=worker,
+        fast=fast,
+        lockfile=lockfile,
+        mountinfo=mountinfo,
+        progress=progress,
+        chosen_by=chosen_by,
+    )
     print(report.render(), end="", file=text_stream, flush=True)
     if json_file:
         _write_atomically(Path(json_file), report.to_json())

@@ -81,8 +81,12 @@ def inside(path: str | None, prefix: Path) -> bool:
 
 def short_error(text: str, limit: int = 1500) -> str:
     """The error chain as the probe saw it, without Dynamo's boilerplate hints, each line once."""
-    boilerplate = ("Set TORCHDYNAMO_VERBOSE", "You can suppress this exception", "    import torch._dynamo",
-                   "    torch._dynamo.config")  # fmt: skip
+    boilerplate = (
+        "Set TORCHDYNAMO_VERBOSE",
+        "You can suppress this exception",
+        "    import torch._dynamo",
+        "    torch._dynamo.config",
+    )
     lines, seen = [], set()
     for line in text.splitlines():
         line = line.rstrip()
@@ -169,15 +173,19 @@ class Context:
                 return JobEnv(dict(caller), "the caller's environment (no env variables)", False, str(exc))
             return JobEnv(None, "", False, str(exc))
         active = caller.get("CONDA_PREFIX")
-        activated = not self.worker and bool(active) and os.path.realpath(str(active)) == os.path.realpath(
-            self.prefix
+        activated = (
+            not self.worker
+            and bool(active)
+            and os.path.realpath(str(active)) == os.path.realpath(self.prefix)
         )
         if self.worker:
             how = f"a non-activated job on a worker (scrubbed base PATH={WORKER_PATH}, HOME, USER, LANG)"
             return JobEnv(job_environment(self.prefix, scrubbed_environment(caller)), how, False)
         if activated:
             return JobEnv(dict(caller), "this activated shell (values the activate.d hooks exported)", True)
-        return JobEnv(job_environment(self.prefix, caller), "a non-activated job started from this shell", False)
+        return JobEnv(
+            job_environment(self.prefix, caller), "a non-activated job started from this shell", False
+        )
 
     @property
     def job_env(self) -> dict[str, str]:
@@ -194,7 +202,9 @@ class Context:
         own = self.prefix / "bin" / "python"
         if not os.access(own, os.X_OK):
             return None
-        return probes.run_probe("interpreter", probes.script("interpreter"), str(own), self.job_env, timeout=120)
+        return probes.run_probe(
+            "interpreter", probes.script("interpreter"), str(own), self.job_env, timeout=120
+        )
 
     # -- running probes ----------------------------------------------------------------------------
     def probe_python(self) -> tuple[str, str]:
@@ -205,8 +215,15 @@ class Context:
 
     def probe(self, name: str, args: dict[str, Any], timeout: float) -> probes.ProbeRun:
         python, _ = self.probe_python()
-        return probes.run_probe(name, probes.script(name), python, self.job_env, args=args, timeout=timeout,
-                                progress=self.progress)  # fmt: skip
+        return probes.run_probe(
+            name,
+            probes.script(name),
+            python,
+            self.job_env,
+            args=args,
+            timeout=timeout,
+            progress=self.progress,
+        )
 
     def require_under(self) -> str | None:
         """Under --worker, compilers must resolve into the env."""
@@ -227,17 +244,24 @@ class Context:
 
     def provision_fix(self) -> str:
         name = self.spec_name
-        made_by_other = self.prefix.is_dir() and not self.prefix.is_symlink() and not self.manifest and any(
-            self.prefix.iterdir()
+        made_by_other = (
+            self.prefix.is_dir()
+            and not self.prefix.is_symlink()
+            and not self.manifest
+            and any(self.prefix.iterdir())
         )
         if made_by_other:  # e.g. the tool venv: bin/provision never builds into a directory it did not make
-            return (f"{self.prefix} is not a provisioned env: provision one (bin/provision {name}) and check "
-                    f"it (bin/envcheck --env {name})")  # fmt: skip
+            return (
+                f"{self.prefix} is not a provisioned env: provision one (bin/provision {name}) and check "
+                f"it (bin/envcheck --env {name})"
+            )
         at = "" if self.prefix == envs_dir() / name else f" --prefix {self.prefix}"
         return f"provision the env: bin/provision {name}{self._spec_flag()}{at}"
 
     def relock_fix(self) -> str:
-        return f"relock: bin/provision {self.spec_name}{self._spec_flag()} --relock, then {self.provision_fix()}"
+        return (
+            f"relock: bin/provision {self.spec_name}{self._spec_flag()} --relock, then {self.provision_fix()}"
+        )
 
     def package_fix(self, package: str) -> str:
         if nodeinfo.installed_package(self.prefix, package):
@@ -245,8 +269,10 @@ class Context:
         if ("conda", package) in self.locked_versions():
             lock = self.lock_path.name
             return f"the env lacks {package}, which {lock} locks: {self.provision_fix()}"
-        return (f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.spec_name} "
-                f"--relock), provision (bin/provision {self.spec_name})")  # fmt: skip
+        return (
+            f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.spec_name} "
+            f"--relock), provision (bin/provision {self.spec_name})"
+        )
 
 
 def fail_unexpected(exc: Exception) -> Outcome:

@@ -45,18 +45,41 @@ TABLE: tuple[CheckSpec, ...] = (
     CheckSpec("env.complete", envc.check_complete),
     CheckSpec("env.lock", envc.check_lock),
     CheckSpec("variables.file", envc.check_variables_file),
-    CheckSpec("env.versions", envc.check_versions, only=_full, needs_job_env=True, slow="starting the env's python"),
+    CheckSpec(
+        "env.versions", envc.check_versions, only=_full, needs_job_env=True, slow="starting the env's python"
+    ),
     CheckSpec("variables.CC", lambda ctx: envc.check_compiler_var(ctx, "CC"), needs_job_env=True),
     CheckSpec("variables.CXX", lambda ctx: envc.check_compiler_var(ctx, "CXX"), needs_job_env=True),
-    CheckSpec("toolchain.sysroot", envc.check_sysroot, needs_job_env=True,
-              needs_pass=("variables.CC", "variables.CXX")),
-    CheckSpec("compile.triton_build", comp.check_triton_build, needs_job_env=True, slow="Triton C build (~1 s)"),
-    CheckSpec("compile.inductor_cpp", comp.check_inductor, needs_job_env=True,
-              slow="TorchInductor CPU kernel with CXX + OpenMP (10-30 s cold)"),
-    CheckSpec("compile.flex_attention", comp.check_flex, only=_full, needs_job_env=True,
-              needs_not_fail=comp.flex_needs, slow="FlexAttention vs SDPA under torch.compile (20-60 s cold)"),
-    CheckSpec("compile.cpp_extension", comp.check_cpp_extension, only=_full, needs_job_env=True,
-              slow="torch.utils.cpp_extension.load_inline with ninja + CXX (30-90 s cold)"),
+    CheckSpec(
+        "toolchain.sysroot",
+        envc.check_sysroot,
+        needs_job_env=True,
+        needs_pass=("variables.CC", "variables.CXX"),
+    ),
+    CheckSpec(
+        "compile.triton_build", comp.check_triton_build, needs_job_env=True, slow="Triton C build (~1 s)"
+    ),
+    CheckSpec(
+        "compile.inductor_cpp",
+        comp.check_inductor,
+        needs_job_env=True,
+        slow="TorchInductor CPU kernel with CXX + OpenMP (10-30 s cold)",
+    ),
+    CheckSpec(
+        "compile.flex_attention",
+        comp.check_flex,
+        only=_full,
+        needs_job_env=True,
+        needs_not_fail=comp.flex_needs,
+        slow="FlexAttention vs SDPA under torch.compile (20-60 s cold)",
+    ),
+    CheckSpec(
+        "compile.cpp_extension",
+        comp.check_cpp_extension,
+        only=_full,
+        needs_job_env=True,
+        slow="torch.utils.cpp_extension.load_inline with ninja + CXX (30-90 s cold)",
+    ),
     CheckSpec("cache.triton_dir", node.check_triton_cache),
     CheckSpec("fs.triton_cache", node.check_triton_cache_fs),
     CheckSpec("fs.inductor_cache", node.check_inductor_cache_fs),
@@ -66,7 +89,7 @@ TABLE: tuple[CheckSpec, ...] = (
     CheckSpec("gpu.kind", node.check_gpu_kind, only=_full, skip_when=node.gpu_absent_reason),
     CheckSpec("node.glibc", node.check_glibc),
     CheckSpec("node.disk", node.check_disk),
-)  # fmt: skip
+)
 
 
 def skip_reason(spec: CheckSpec, ctx: Context) -> str:
@@ -98,7 +121,9 @@ def run_one(spec: CheckSpec, ctx: Context) -> Check:
         out = spec.run(ctx)
     except Exception as exc:  # a bug or an unexpected node state must not hide the other checks
         out = fail_unexpected(exc)
-    check = Check(spec.name, out.status, round(time.perf_counter() - start, 3), out.message, out.fix, out.details)
+    check = Check(
+        spec.name, out.status, round(time.perf_counter() - start, 3), out.message, out.fix, out.details
+    )
     if spec.slow and ctx.progress:
         ctx.progress(f"{spec.name}: {check.status} in {check.seconds:.1f} s")
     return check

@@ -24,7 +24,9 @@ class NinjaBuildError(RuntimeError):
 
 
 def _candidate() -> dict[str, str]:
-    proc = subprocess.run(["apt-cache", "show", "--no-all-versions", "ninja-build"], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["apt-cache", "show", "--no-all-versions", "ninja-build"], capture_output=True, text=True
+    )
     fields = dict(re.findall(r"^([A-Za-z0-9-]+): (.*)$", proc.stdout, flags=re.M))
     if "SHA256" not in fields:
         raise NinjaBuildError(f"apt-cache knows no ninja-build ({proc.stderr.strip()}); run `apt-get update`")
@@ -43,8 +45,9 @@ def ninja_package(cache_root: Path | None = None) -> Path:
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".ninja-build-", dir=cache_root))
     try:
-        proc = subprocess.run(["apt-get", "download", f"ninja-build={deb['version']}"], cwd=tmp,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            ["apt-get", "download", f"ninja-build={deb['version']}"], cwd=tmp, capture_output=True, text=True
+        )
         debs = sorted(tmp.glob("ninja-build_*.deb"))
         if proc.returncode != 0 or len(debs) != 1:
             raise NinjaBuildError(f"apt-get download ninja-build failed: {proc.stderr.strip()}")

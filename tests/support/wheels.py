@@ -20,7 +20,9 @@ def write_wheel(out_dir: Path, name: str, version: str, module_source: str, requ
     members = {
         f"{name}.py": module_source.encode(),
         f"{dist_info}/METADATA": metadata.encode(),
-        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist_info}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = []
     for path, data in members.items():

@@ -42,15 +42,24 @@ def main(args: dict) -> None:
     start = time.perf_counter()
     try:
         mod = cpp_extension.load_inline(
-            name="envcheck_cpp_extension_probe", cpp_sources=[CPP % args["nonce"]],
-            functions=["envcheck_axpy"], build_directory=build_dir, verbose=False,
-        )  # fmt: skip
+            name="envcheck_cpp_extension_probe",
+            cpp_sources=[CPP % args["nonce"]],
+            functions=["envcheck_axpy"],
+            build_directory=build_dir,
+            verbose=False,
+        )
         x, y = torch.arange(4.0), torch.ones(4)
         value = mod.envcheck_axpy(x, y, 2.0).tolist()
     except Exception as exc:
         return failed("compile", exc, **where)
-    emit(ok=value == [1.0, 3.0, 5.0, 7.0], stage="done", value=value, module=mod.__file__,
-         compile_s=time.perf_counter() - start, **where)  # fmt: skip
+    emit(
+        ok=value == [1.0, 3.0, 5.0, 7.0],
+        stage="done",
+        value=value,
+        module=mod.__file__,
+        compile_s=time.perf_counter() - start,
+        **where,
+    )
 
 
 if __name__ == "__main__":

@@ -62,11 +62,14 @@ def main(args: dict) -> None:  # noqa: C901 - one linear experiment, kept in one
     dense = create_mask(lingbot_mask, None, None, n, n, device=device)
     dtype = torch.bfloat16 if gpu else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(2, 4, n, 64, device=device, dtype=dtype, generator=gen, requires_grad=gpu)
-               for _ in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(2, 4, n, 64, device=device, dtype=dtype, generator=gen, requires_grad=gpu)
+        for _ in range(3)
+    )
     start = time.perf_counter()
     try:
         out = torch.compile(flex_attention, fullgraph=True)(q, k, v, block_mask=block_mask)
+        assert isinstance(out, torch.Tensor), type(out)
         if gpu:
             out.float().square().sum().backward()
     except Exception as exc:
@@ -75,17 +78,22 @@ def main(args: dict) -> None:  # noqa: C901 - one linear experiment, kept in one
     q32, k32, v32 = (t.detach().float().requires_grad_(gpu) for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=dense)
     result: dict[str, Any] = {
-        "device": device, "tokens": n, "compiler": compiler, "compiler_path": real,
+        "device": device,
+        "tokens": n,
+        "compiler": compiler,
+        "compiler_path": real,
         "masked_share": 1 - dense.float().mean().item(),
-        "forward_max_abs_error": (out.float() - ref).abs().max().item(), "compile_s": seconds,
-    }  # fmt: skip
+        "forward_max_abs_error": (out.float() - ref).abs().max().item(),
+        "compile_s": seconds,
+    }
     ok = result["forward_max_abs_error"] < (2e-2 if gpu else 1e-4)
     if gpu:
         ref.square().sum().backward()
-        result["backward_max_abs_error"] = max(
-            (a.grad.float() - b.grad).abs().max().item() / max(b.grad.abs().max().item(), 1e-6)
-            for a, b in ((q, q32), (k, k32), (v, v32))
-        )
+        errors = []
+        for a, b in ((q, q32), (k, k32), (v, v32)):
+            assert a.grad is not None and b.grad is not None
+            errors.append((a.grad.float() - b.grad).abs().max().item() / max(b.grad.abs().max().item(), 1e-6))
+        result["backward_max_abs_error"] = max(errors)
         ok = ok and result["backward_max_abs_error"] < 5e-2
     emit(ok=ok, stage="done", **result)
 

@@ -51,9 +51,17 @@ def main(args: dict) -> None:
         with open(path, "rb") as f:
             if b"GOMP_parallel" in f.read():
                 gomp.append(path)
-    emit(ok=error < 1e-3 and omp and bool(gomp), stage="done", compiler=cxx, compiler_path=real,
-         max_abs_error=error, omp_pragma=omp, kernels=len(kernels), kernels_with_openmp=len(gomp),
-         compile_s=seconds)  # fmt: skip
+    emit(
+        ok=error < 1e-3 and omp and bool(gomp),
+        stage="done",
+        compiler=cxx,
+        compiler_path=real,
+        max_abs_error=error,
+        omp_pragma=omp,
+        kernels=len(kernels),
+        kernels_with_openmp=len(gomp),
+        compile_s=seconds,
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def _build_old(build, src: str):
         f.write(src)
     so = build._build("envcheck_triton_probe", path, tmp, [], [], [])
     spec = importlib.util.spec_from_file_location("envcheck_triton_probe", so)
+    assert spec is not None and spec.loader is not None, so
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -68,8 +69,15 @@ def main(args: dict) -> None:
         value = mod.add(2, 40)
     except Exception as exc:
         return failed("compile", exc, compiler=cc, compiler_path=real)
-    emit(ok=value == 42, stage="done", compiler=cc, compiler_path=real, value=value,
-         module=mod.__file__, compile_s=time.perf_counter() - start)  # fmt: skip
+    emit(
+        ok=value == 42,
+        stage="done",
+        compiler=cc,
+        compiler_path=real,
+        value=value,
+        module=mod.__file__,
+        compile_s=time.perf_counter() - start,
+    )
 
 
 if __name__ == "__main__":
