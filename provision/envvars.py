@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.prefix import provision_command
+
 ENV_VARS_RELPATH = Path("etc") / "lingbot" / "env-vars"
 MODES = ("set", "prepend")
 # Names a value may reference besides the entries above it (all set by any login/batch shell or conda).
@@ -103,7 +105,7 @@ def read_env_vars(prefix: Path) -> list[EnvVar]:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{path} does not exist: {prefix} was not provisioned by bin/provision (or not completely); "
-            f"run bin/provision"
+            f"provision it: {provision_command(prefix)}"
         ) from None
     return parse_env_vars(text, str(path))
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import json
 import os
 import secrets
 import shutil
@@ -39,18 +37,23 @@ from typing import TextIO
 from provision import hooks
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
-from provision.envvars import EnvVar, format_env_vars
 from provision.fetch import FetchError, conda_records
-from provision.lock import check_lock, current_platform, run_async
-from provision.lockfile import LockedPackage, LockFile
-from provision.paths import RepoRootError, repo_root
-from provision.spec import EnvSpec, check_env_name
+from provision.lock import run_async
+from provision.lockfile import LockedPackage
+from provision.plan import Plan, ProvisionError, generations_dir, plan, up_to_date
+
+__all__ = [
+    "INSTALLERS",
+    "Plan",
+    "Progress",
+    "ProvisionError",
+    "generations_dir",
+    "plan",
+    "provision",
+    "up_to_date",
+]
 
 INSTALLERS = ("rattler", "conda", "mamba", "micromamba")
-
-
-class ProvisionError(RuntimeError):
-    """A provision that cannot go on; the message names the file and the fix. The env is untouched."""
 
 
 def default_cache_dir() -> Path:
@@ -90,121 +93,6 @@ class _LinkReporter:
     def on_link_complete(self, index: int) -> None:
         self.done += 1
         self.progress(f"link {self.done}/{self.total} {self.names.get(index, '')}")
-
-
-# --- what to build --------------------------------------------------------------------------------
-
-
-def _project_files(path: Path) -> list[Path]:
-    """The files that make up a local pip project: its build config and its packages' sources."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard"],
-            cwd=path,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split("\n")
-        files = [path / f for f in listed if f]
-    except (OSError, subprocess.CalledProcessError):
-        files = [p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.parts)]
-    packages = {
-        p.relative_to(path).parts[0]
-        for p in files
-        if p.name == "__init__.py" and len(p.relative_to(path).parts) == 2
-    }
-    keep = {"pyproject.toml", "setup.py", "setup.cfg"}
-    return sorted(
-        p
-        for p in files
-        if p.is_file() and (p.name in keep and p.parent == path or p.relative_to(path).parts[0] in packages)
-    )
-
-
-def project_digest(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for root in paths:
-        for f in _project_files(root):
-            digest.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-@dataclass
-class Plan:
-    spec: EnvSpec  # the spec file's, or one read from the lock when no environment.yml is at hand
-    lock_path: Path
-    lock: LockFile
-    platform: str
-    target: Path
-    entries: list[EnvVar]
-    state_hash: str
-    projects: list[Path] = field(default_factory=list)  # installed with pip --no-deps after the lock
-    spec_checked: bool = True  # False: no environment.yml, drift was not checked
-
-
-def is_checkout_spec(spec: EnvSpec) -> bool:
-    """True for this checkout's own environment.yml, whose env gets the checkout installed."""
-    try:
-        return spec.path.resolve() == (repo_root() / "environment.yml").resolve()
-    except RepoRootError:
-        return False
-
-
-def spec_from_lock(lock: LockFile, name: str, platform: str) -> EnvSpec:
-    """An EnvSpec for a lock with no environment.yml at hand: its conda package names (so the compiler
-    variables are computed as from the spec), no pip requirements to re-lock, no variables."""
-    conda = [p.name for p in lock.for_platform(platform, "conda")]
-    return EnvSpec(lock.path, name, ["(from the lock)"], conda, [], [], {}, list(lock.platforms))
-
-
-def plan(
-    spec: EnvSpec | None,
-    name: str | None,
-    lock_path: Path,
-    target: Path,
-    platform: str | None = None,
-    *,
-    install_project: bool = True,
-    vpkg_file: Path | None = None,
-    log: Callable[[str], None] = print,
-) -> Plan:
-    """Everything checked before anything is touched: env name, lock platform, owners, drift."""
-    platform = platform or current_platform()
-    if spec is not None:
-        check_env_name(spec, name)
-    lock = check_lock(spec, lock_path, platform, vpkg_file=vpkg_file, log=log)
-    if spec is None:
-        if not name:
-            raise ProvisionError(f"no environment.yml for {lock_path}: name the env (bin/provision NAME ...)")
-        spec = spec_from_lock(lock, name, platform)
-    projects = list(spec.pip_local)
-    if install_project and is_checkout_spec(spec):
-        projects.append(repo_root())
-    entries = spec.env_var_entries(platform)
-    state = {
-        "lock_sha256": lock.sha256,
-        "platform": platform,
-        "env_vars": format_env_vars(entries),
-        "hooks": hooks.hooks_version(),
-        "project": project_digest(projects) if projects else "",
-    }
-    state_hash = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
-    return Plan(
-        spec,
-        Path(lock_path),
-        lock,
-        platform,
-        Path(target),
-        entries,
-        state_hash,
-        projects,
-        spec_checked=spec.path != lock.path,
-    )
-
-
-def up_to_date(p: Plan) -> bool:
-    ok, _ = prefixes.completeness(p.target)
-    return ok and prefixes.read_manifest(p.target).get("state_hash") == p.state_hash
 
 
 # --- building a generation ------------------------------------------------------------------------
@@ -336,10 +224,6 @@ def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str
     write_json_atomic(prefixes.manifest_path(gen), manifest, indent=1, sort_keys=False)
 
 
-def generations_dir(target: Path) -> Path:
-    return target.parent / f".{target.name}.gens"
-
-
 @contextlib.contextmanager
 def _env_lock(target: Path):
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -360,6 +244,58 @@ def _clean_stale(target: Path, keep: str | None, progress: Progress) -> None:
         leftover.unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class Sources:
+    """Where the package files come from: a conda mirror/local channel, a PyPI mirror, a wheel folder."""
+
+    mirror: str | None = None
+    pip_index: str | None = None
+    pip_find_links: str | None = None
+
+
+def _claim_target(target: Path) -> None:
+    """The env name must be ours (a symlink to a generation) or free; an empty directory is taken."""
+    if target.exists() and not target.is_symlink():
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        else:
+            raise ProvisionError(
+                f"{target} exists and was not made by bin/provision (it is not a symlink to a "
+                f"generation); remove it (rm -rf {target}) or choose another --prefix"
+            )
+
+
+def _build(p: Plan, gen: Path, installer: str, src: Sources, cache_dir: Path, progress: Progress, started):
+    """Everything that goes into a generation, manifest last; returns (conda records, pip entries)."""
+    conda = sorted(p.lock.for_platform(p.platform, "conda"), key=lambda d: d.name)
+    if not conda:
+        raise ProvisionError(f"{p.lock_path} has no conda packages for {p.platform}; relock")
+    try:
+        records = conda_records(conda, src.mirror, cache_dir / "downloads", progress)
+    except FetchError as exc:
+        raise ProvisionError(str(exc)) from None
+    _link_conda(records, gen, installer, cache_dir, progress)
+    hooks.write_env_files(gen, p.entries, str(p.spec.path))
+    pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
+    pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, progress)
+    _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
+    fsync_dir(gen / "conda-meta")
+    return records, pip
+
+
+def _swap(target: Path, gen: Path) -> None:
+    """Point the env's name at `gen` with one rename() (no moment without an env)."""
+    link = target.parent / f".{target.name}.link-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(os.path.relpath(gen, target.parent))
+    os.replace(link, target)  # the atomic switch
+    fsync_dir(target.parent)
+    # The previous generation stays until the next provision: jobs started from it keep running.
+    ok, reason = prefixes.completeness(target)
+    if not ok:
+        raise ProvisionError(f"internal error: the new env is not complete: {reason}")
+
+
 def provision(
     p: Plan,
     *,
@@ -375,71 +311,31 @@ def provision(
     """Build `p` into a new generation and swap it in; a no-op when the env is up to date."""
     progress = progress or Progress()
     cache_dir = Path(cache_dir or default_cache_dir())
-    target = p.target
-    started = time.monotonic()
+    target, started = p.target, time.monotonic()
     if installer not in INSTALLERS:
         raise ProvisionError(f"--installer {installer}: choose one of {', '.join(INSTALLERS)}")
+    noop = {"action": "up-to-date", "prefix": str(target)}
     if not force and up_to_date(p):  # fast path, before taking the lock
-        return {
-            "action": "up-to-date",
-            "prefix": str(target),
-            "seconds": round(time.monotonic() - started, 3),
-        }
+        return {**noop, "seconds": round(time.monotonic() - started, 3)}
     with _env_lock(target):
         if not force and up_to_date(p):  # another provision just finished it
-            return {
-                "action": "up-to-date",
-                "prefix": str(target),
-                "seconds": round(time.monotonic() - started, 3),
-            }
-        if target.exists() and not target.is_symlink():
-            if target.is_dir() and not any(target.iterdir()):
-                target.rmdir()
-            else:
-                raise ProvisionError(
-                    f"{target} exists and was not made by bin/provision (it is not a symlink to a "
-                    f"generation); "
-                    f"remove it (rm -rf {target}) or choose another --prefix"
-                )
-        previous = os.path.realpath(target) if target.is_symlink() else None
-        _clean_stale(target, previous, progress)
-
+            return {**noop, "seconds": round(time.monotonic() - started, 3)}
+        _claim_target(target)
+        _clean_stale(target, os.path.realpath(target) if target.is_symlink() else None, progress)
         # A fresh name every time: reusing one (same second, same state) could delete the live generation.
-        gen = (
-            generations_dir(target)
-            / f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}-{secrets.token_hex(4)}"
-        )
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{p.state_hash[:8]}-{secrets.token_hex(4)}"
+        gen = generations_dir(target) / stamp
         gen.parent.mkdir(parents=True, exist_ok=True)
         progress(f"building {target} as {gen.name} from {p.lock_path.name} ({p.platform})")
         try:
-            conda = sorted(p.lock.for_platform(p.platform, "conda"), key=lambda d: d.name)
-            if not conda:
-                raise ProvisionError(f"{p.lock_path} has no conda packages for {p.platform}; relock")
-            try:
-                records = conda_records(conda, mirror, cache_dir / "downloads", progress)
-            except FetchError as exc:
-                raise ProvisionError(str(exc)) from None
-            _link_conda(records, gen, installer, cache_dir, progress)
-            hooks.write_env_files(gen, p.entries, str(p.spec.path))
-            pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
-            pip = _pip_install(p, gen, pip_part, pip_index, pip_find_links, progress)
-            _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
-            fsync_dir(gen / "conda-meta")
+            src = Sources(mirror, pip_index, pip_find_links)
+            records, pip = _build(p, gen, installer, src, cache_dir, progress, started)
             if before_swap is not None:
                 before_swap(gen)
         except BaseException:
             shutil.rmtree(gen, ignore_errors=True)  # a failure leaves nothing (a kill: the next run cleans)
             raise
-
-        link = target.parent / f".{target.name}.link-{os.getpid()}"
-        link.unlink(missing_ok=True)
-        link.symlink_to(os.path.relpath(gen, target.parent))
-        os.replace(link, target)  # the atomic switch
-        fsync_dir(target.parent)
-        # The previous generation stays until the next provision: jobs started from it keep running.
-        ok, reason = prefixes.completeness(target)
-        if not ok:
-            raise ProvisionError(f"internal error: the new env is not complete: {reason}")
+        _swap(target, gen)
         return {
             "action": "provisioned",
             "prefix": str(target),

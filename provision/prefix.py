@@ -44,6 +44,20 @@ def resolve_prefix(name: str | None = None, prefix: str | os.PathLike[str] | Non
     return envs_dir() / DEFAULT_ENV_NAME
 
 
+def provision_command(prefix: Path, env_name: str | None = None) -> str:
+    """The bin/provision command that (re)builds `prefix`, runnable as written: the spec's env name
+    (`env_name`, else the manifest's, else the default), --prefix unless it is that name's default place."""
+    prefix = Path(prefix)
+    if env_name is None:
+        try:
+            env_name = str(json.loads(manifest_path(prefix).read_text()).get("env_name") or "") or None
+        except (OSError, ValueError, AttributeError):
+            env_name = None
+    name = env_name or DEFAULT_ENV_NAME
+    at = "" if prefix.absolute() == envs_dir() / name else f" --prefix {prefix}"
+    return f"bin/provision {name}{at}"
+
+
 def manifest_path(prefix: Path) -> Path:
     return Path(prefix) / MANIFEST_RELPATH
 
@@ -56,21 +70,21 @@ def read_manifest(prefix: Path) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"{path} does not exist: {prefix} was not made by bin/provision or its provision did not "
-            f"finish; run bin/provision (it replaces the env atomically)"
+            f"finish; run `{provision_command(prefix)}` (it replaces the env atomically)"
         ) from None
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc}); re-run bin/provision") from None
+        raise ValueError(f"{path}: not valid JSON ({exc}); re-run `{provision_command(prefix)}`") from None
     if not isinstance(manifest, dict):
-        raise ValueError(f"{path}: expected a JSON object; re-run bin/provision")
+        raise ValueError(f"{path}: expected a JSON object; re-run `{provision_command(prefix)}`")
     return manifest
 
 
 def completeness(prefix: Path) -> tuple[bool, str]:
     """(True, "") only if a provision of `prefix` finished; else (False, the reason and the fix)."""
     prefix = Path(prefix)
-    fix = "run bin/provision to (re)build it"
+    fix = f"rebuild it: {provision_command(prefix)}"
     if not prefix.exists():
         what = "a dangling symlink" if prefix.is_symlink() else "missing"
         return False, f"env {prefix} is {what}; {fix}"
