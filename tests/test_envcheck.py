@@ -130,6 +130,28 @@ def test_missing_env_fails_with_the_provision_fix(tmp_path):
     assert "envcheck: FAILED env.prefix" in proc.stderr.splitlines()[-1]
 
 
+@pytest.mark.parametrize("flags", [["--json"], ["--json", "-"]])
+def test_one_json_convention_stdout_is_one_object(tmp_path, flags):
+    """--json on bin/envcheck and bin/provision alike: stdout is exactly one JSON object, text on stderr,
+    the exit status unchanged (`--json -`, what trainer/sbatch.py writes, is the same)."""
+    gone = str(tmp_path / "gone")
+    proc = subprocess.run([*ENVCHECK, "--prefix", gone, *flags], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and json.loads(proc.stdout)["failed"] == ["env.prefix"]
+    assert "envcheck: FAILED env.prefix" in proc.stderr
+    filed = tmp_path / "report.json"
+    proc = subprocess.run([*ENVCHECK, "--prefix", gone, "--json-file", str(filed)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "FAIL" in proc.stdout and json.loads(filed.read_text())["ok"] is False
+    prov = subprocess.run([sys.executable, "-m", "provision.cli", "not-the-env", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert prov.returncode == 2
+    assert json.loads(prov.stdout) == {
+        "ok": False,
+        "error": prov.stderr.split("provision: error: ", 1)[1].strip(),
+    }
+
+
 def test_env_and_prefix_together_is_a_usage_error(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

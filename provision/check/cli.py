@@ -3,7 +3,8 @@
 --json follows the one convention of bin/provision, bin/envcheck and bin/train: stdout carries exactly
 one JSON object (the report), the text report and progress go to stderr, the exit status is unchanged
 (0 only if nothing FAILed). --json-file FILE writes the same JSON report to FILE atomically and keeps
-the text report on stdout.
+the text report on stdout. `--json -` (what trainer/sbatch.py writes) means --json; the old
+`--json FILE` still works, with a notice, as --json-file FILE.
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def _simulate(params: dict) -> int:
 @click.option(
     "--json",
     "as_json",
-    is_flag=True,
-    help="Exactly one JSON object (the report) on stdout; the text report on stderr.",
+    is_flag=False,
+    flag_value="-",
+    default=None,
+    metavar="[-]",
+    help="Exactly one JSON object (the report) on stdout; the text report on stderr. "
+    "(`--json -` is the same; `--json FILE` is the old spelling of --json-file FILE.)",
 )
 @click.option(
     "--json-file",
@@ -99,8 +104,13 @@ def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lo
     """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
     if env_name and prefix:
         raise click.UsageError("give --env NAME or --prefix PATH, not both")
+    if as_json not in (None, "-"):  # the old `--json FILE`: the file, text on stdout
+        click.echo(f"envcheck: `--json {as_json}` is deprecated: use `--json-file {as_json}`", err=True)
+        json_file, as_json = json_file or Path(as_json), None
+    as_json = as_json == "-"
     if simulate_worker:
-        sys.exit(_simulate(click.get_current_context().params))
+        params = {**click.get_current_context().params, "as_json": as_json, "json_file": json_file}
+        sys.exit(_simulate(params))
     if prefix:
         chosen_by = "--prefix"
     elif env_name:
