@@ -48,12 +48,14 @@ def main() -> None:
         "cold (empty package cache)": [],
         "warm (second env, cached pkgs)": [],
         "no-op (env up to date)": [],
+        "--export DIR (verify + copy + index)": [],
+        "--from DIR (new env, empty package cache)": [],
     }
     packages = toolchain_packages()
     size = sum(p.stat().st_size for p in packages) / 1e6
     for _ in range(opts.repeat):
-        with tempfile.TemporaryDirectory(prefix="bench-provision-") as tmp:
-            tmp = Path(tmp)
+        with tempfile.TemporaryDirectory(prefix="bench-provision-") as tmpdir:
+            tmp = Path(tmpdir)
             channel = tmp / "channel"
             (channel / "linux-64").mkdir(parents=True)
             for pkg in packages:
@@ -77,6 +79,13 @@ def main() -> None:
                 timed(["-f", str(spec), "-p", str(tmp / "envs2" / "b")], env)
             )
             rows["no-op (env up to date)"].append(timed(["-f", str(spec)], env))
+            rows["--export DIR (verify + copy + index)"].append(
+                timed(["-f", str(spec), "--export", str(tmp / "kit")], env)
+            )
+            offline = {**env, "LINGBOT_PKGS_DIR": str(tmp / "cache-offline")}
+            rows["--from DIR (new env, empty package cache)"].append(
+                timed(["-f", str(spec), "--from", str(tmp / "kit"), "-p", str(tmp / "envs3" / "c")], offline)
+            )
     print(
         f"bin/provision timings: toolchain stand-in, {len(packages)} packages, {size:.0f} MB compressed; "
         f"median of {opts.repeat} (min-max), seconds, process start included"

@@ -195,9 +195,9 @@ def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_chann
     assert header.recorded_vpkgs is not None
     assert header.recorded_vpkgs.glibc == "2.28" and header.recorded_vpkgs.cuda == ""
     rattler_lock = rattler.LockFile.from_path(lock_path)
-    records = rattler_lock.default_environment().conda_repodata_records_for_platform(
-        rattler_lock.platforms()[0]
-    )
+    environment = rattler_lock.default_environment()
+    assert environment is not None
+    records = environment.conda_repodata_records_for_platform(rattler_lock.platforms()[0]) or []
     assert {r.name.normalized for r in records} == {"alpha", "beta"}
     check_lock(load_spec(spec), lock_path, "linux-64")
 

@@ -21,7 +21,9 @@ from tests.support.channel import PREFIX_PLACEHOLDER, make_package, solve_and_in
 PYTHON = sys.executable
 TARGET = "x86_64-conda-linux-gnu"
 # torch's wheel ships libgomp.so.1 here; ubuntu:22.04 workers have no system copy.
-TORCH_LIB = Path(importlib.util.find_spec("torch").submodule_search_locations[0]) / "lib"
+_TORCH = importlib.util.find_spec("torch")
+assert _TORCH is not None and _TORCH.submodule_search_locations is not None
+TORCH_LIB = Path(_TORCH.submodule_search_locations[0]) / "lib"
 
 C_EXTENSION = textwrap.dedent("""
     #include <Python.h>

@@ -9,10 +9,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def write_wheel(out_dir: Path, name: str, version: str, module_source: str, requires: list[str] = ()) -> Path:
+def write_wheel(
+    out_dir: Path, name: str, version: str, module_source: str, requires: Sequence[str] = ()
+) -> Path:
     """A pure-python wheel with one module `name`, written as the wheel spec says (RECORD hashes)."""
     dist_info = f"{name}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
