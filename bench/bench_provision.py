@@ -90,9 +90,9 @@ def main() -> None:
         f"bin/provision timings: toolchain stand-in, {len(packages)} packages, {size:.0f} MB compressed; "
         f"median of {opts.repeat} (min-max), seconds, process start included"
     )
-    print(f"{'case':34s} {'median':>8s} {'min':>8s} {'max':>8s}")
+    print(f"{'case':44s} {'median':>8s} {'min':>8s} {'max':>8s}")
     for name, values in rows.items():
-        print(f"{name:34s} {statistics.median(values):8.2f} {min(values):8.2f} {max(values):8.2f}")
+        print(f"{name:44s} {statistics.median(values):8.2f} {min(values):8.2f} {max(values):8.2f}")
 
 
 if __name__ == "__main__":
