@@ -92,14 +92,17 @@ def conda_records(
     downloads: Path,
     progress: Callable[[str], None],
 ) -> list:
-    """py-rattler RepoDataRecords for the lock's conda packages, each read from its verified file."""
+    """py-rattler RepoDataRecords for the lock's conda packages, each read from its verified file
+    (all in one event loop: py-rattler has crashed at exit after many loops in one process)."""
     from provision.lock import run_async
 
-    records = []
+    paths = []
     for i, pkg in enumerate(packages, 1):
         assert pkg.sha256 is not None  # lockfile.read_lock refuses conda entries without one
-        path = fetch_verified(redirect(pkg.url, mirror), pkg.md5, pkg.sha256, downloads, progress)
-        rec = run_async(_record(path))
+        paths.append(fetch_verified(redirect(pkg.url, mirror), pkg.md5, pkg.sha256, downloads, progress))
+        progress(f"verified {i}/{len(packages)} {pkg.file_name}")
+    records = run_async(_records(paths))
+    for pkg, path, rec in zip(packages, paths, records, strict=True):
         if (rec.name.normalized, str(rec.version)) != (pkg.name, pkg.version) or (
             pkg.build is not None and str(rec.build) != pkg.build
         ):
@@ -107,13 +110,14 @@ def conda_records(
                 f"package file {path} holds {rec.name.normalized} {rec.version} {rec.build}, not "
                 f"{pkg.name} {pkg.version} {pkg.build} as the lock says"
             )
+        assert pkg.md5 is not None
+        rec.md5 = bytes.fromhex(pkg.md5)  # verified above; the archive reader leaves it unset
+        rec.channel = pkg.url.rsplit("/", 2)[0]  # conda-meta names the lock's channel, not the mirror
         rec.url = path.resolve().as_uri()
-        records.append(rec)
-        progress(f"verified {i}/{len(packages)} {pkg.file_name}")
     return records
 
 
-async def _record(path: Path):
+async def _records(paths: list[Path]) -> list:
     import rattler
 
-    return await rattler.RepoDataRecord.from_package_archive(path)
+    return [await rattler.RepoDataRecord.from_package_archive(p) for p in paths]

@@ -80,7 +80,8 @@ async def solve_conda(
     from rattler import Channel, Gateway, solve
 
     canonical = [channel_url(c, spec.path.parent) for c in spec.channels]
-    sources = [m.rstrip("/") for m in mirrors] if mirrors else canonical
+    # a mirror given as a directory is a file:// URL, so the solved URLs map back onto the spec's channel
+    sources = [channel_url(m, Path.cwd()) for m in mirrors] if mirrors else canonical
     if len(sources) != len(canonical):
         raise LockError(
             f"--channel was given {len(sources)} times; {spec.path} lists {len(canonical)} channels"

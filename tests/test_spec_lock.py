@@ -74,6 +74,8 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
         assert name in conda, f"{name} missing from {lock_path}"
     for p in conda.values():
         assert len(p.hash.md5 or "") == 32 and len(p.hash.sha256 or "") == 64, p.name
+        # the spec's channel, never the mirror it was solved against (a relock with --channel DIR)
+        assert p.url.startswith("https://conda.anaconda.org/conda-forge/"), p.url
     assert conda["sysroot_linux-64"].version == "2.17"  # the glibc floor: any glibc >= 2.17 runs it
     pip = {p.name: p for p in lock.package if p.manager == "pip"}
     assert pip["torch"].version == "2.13.0" and all(len(p.hash.sha256) == 64 for p in pip.values())
