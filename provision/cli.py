@@ -182,6 +182,24 @@ def main(**opts) -> None:  # noqa: C901 - the option list is long, the dispatch 
 
 
 def _dispatch(opts: dict, progress: Progress) -> dict:
+    try:
+        return _dispatch_named(opts, progress)
+    except LockError as exc:  # the lock reader does not know the env's name: put it into the fix
+        name = opts["name"] or _spec_name_or_none(opts)
+        raise LockError(
+            str(exc).replace("bin/provision NAME", f"bin/provision {name}") if name else str(exc)
+        ) from None
+
+
+def _spec_name_or_none(opts: dict) -> str | None:
+    try:
+        spec = _spec_for(opts["spec_file"], opts["lockfile"])
+    except (SpecError, OSError):
+        return None
+    return spec.name if spec else None
+
+
+def _dispatch_named(opts: dict, progress: Progress) -> dict:
     name, lockfile = opts["name"], opts["lockfile"]
     spec = _spec_for(opts["spec_file"], lockfile)
     if spec is not None:
@@ -219,7 +237,7 @@ def _dispatch(opts: dict, progress: Progress) -> dict:
         return _export(opts, spec, env_name, lock_path, platform, channels, progress)
     mirror, find_links = (channels[0] if channels else None), opts["pip_find_links"]
     if opts["from_dir_"] is not None:
-        sources = from_dir(opts["from_dir_"], read_lock(lock_path), platform)
+        sources = from_dir(opts["from_dir_"], read_lock(lock_path), platform, env_name)
         mirror, find_links = sources.channel, sources.find_links or find_links
         progress(f"installing from the export {opts['from_dir_']} (channel {mirror}, wheels {find_links})")
     target = prefixes.resolve_prefix(name=env_name, prefix=opts["prefix"])

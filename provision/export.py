@@ -138,7 +138,7 @@ def _place(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def from_dir(directory: Path, lock: LockFile, platform: str) -> ExportSources:
+def from_dir(directory: Path, lock: LockFile, platform: str, name: str = "lingbot-b200") -> ExportSources:
     """The channel and wheel folder of an export made from `lock` for `platform`, else ExportError."""
     directory = Path(directory).absolute()
     try:
@@ -146,7 +146,7 @@ def from_dir(directory: Path, lock: LockFile, platform: str) -> ExportSources:
     except (OSError, ValueError) as exc:
         raise ExportError(
             f"{directory} is not a complete export ({MARKER}: {exc}); make one with "
-            f"`bin/provision NAME --export {directory}` on a machine that reaches the channels"
+            f"`bin/provision {name} --export {directory}` on a machine that reaches the channels"
         ) from None
     if marker.get("lock_sha256") != lock.sha256 or marker.get("platform") != platform:
         raise ExportError(

@@ -53,8 +53,9 @@ def _download(url: str, path: Path, progress: Callable[[str], None]) -> None:
     except OSError as exc:
         partial.unlink(missing_ok=True)
         raise FetchError(
-            f"cannot download {url}: {exc}; point --channel/--pip-find-links at a mirror, or install from "
-            f"an export: `bin/provision NAME --from DIR`"
+            f"cannot download {url}: {exc}; point --channel (conda packages) or --pip-find-links (wheels) "
+            f"at a mirror that has it, or install from an export made where the channels are reachable "
+            f"(--export DIR there, --from DIR here)"
         ) from None
     os.replace(partial, path)
 
