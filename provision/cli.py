@@ -154,7 +154,7 @@ def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str 
 @click.option("--force", is_flag=True, help="Rebuild even when the env is up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Exactly one JSON object on stdout; text on stderr.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
-def main(**opts) -> None:  # noqa: C901 - the option list is long, the dispatch is not
+def main(**opts) -> None:
     """Provision the conda env NAME (default: the spec's name) exactly as locked."""
     as_json = opts["as_json"]
     progress = Progress(enabled=not opts["quiet"])

@@ -30,7 +30,7 @@ def _compiler(gpu: bool) -> tuple[str | None, str | None]:
         return None, None  # torch.compile raises the real error the way a job sees it
 
 
-def main(args: dict) -> None:  # noqa: C901 - one linear experiment, kept in one place
+def main(args: dict) -> None:
     try:
         import torch
         import torch._inductor.config as inductor_config
