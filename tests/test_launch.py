@@ -60,7 +60,7 @@ class FakeTorchrun:
 
     def __init__(self, command, env, attempt):
         FakeTorchrun.calls.append((command, env, attempt.dir))
-        self.signals, self.stderr_tail = [], []
+        self.signals, self.stderr_tail, self.record_lines = [], [], {}
 
     def wait(self):
         return 0

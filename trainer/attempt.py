@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ ATTEMPTS_DIR = "attempts"
 CONFIG_NAME = "config.json"
 PROGRESS_NAME = "progress.json"
 STOP_NAME = "stop"
+# A rank whose record cannot be written (a full disk) prints it on stderr behind this prefix instead;
+# the launcher takes such lines out of the stream it shows and reads them as records.
+RECORD_LINE_PREFIX = "[lingbot-record] "
 
 RUNNING = "running"
 COMPLETED = "completed"
@@ -82,6 +86,17 @@ class CheckpointRef:
         return cls(info.step, str(info.path)) if info is not None else None
 
 
+def parse_record_line(line: str) -> dict[str, Any] | None:
+    """A rank record printed on stderr (RECORD_LINE_PREFIX + JSON), or None for any other line."""
+    if not line.startswith(RECORD_LINE_PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(RECORD_LINE_PREFIX) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("rank"), int) else None
+
+
 @dataclass
 class RankStatus:
     """rank_<R>.json: how far one rank got, for the launcher's verdict."""
@@ -94,6 +109,7 @@ class RankStatus:
     step: int | None = None
     error: str | None = None
     traceback: str | None = None
+    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport when a write ran out of space
 
 
 @dataclass
@@ -131,6 +147,7 @@ class Summary:
     torchrun_exit_code: int | None = None
     notes: list[str] | None = None
     env: dict[str, Any] | None = None  # {prefix, provisioned}
+    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None
@@ -211,12 +228,27 @@ class Attempt:
     def rank_path(self, rank: int) -> Path:
         return self.dir / f"rank_{rank}.json"
 
-    def write_rank(self, record: RankStatus) -> None:
+    def write_rank(self, record: RankStatus) -> bool:
+        """Write rank_<R>.json; when that fails (a full disk), print it as a record line on stderr.
+        Returns whether the file was written."""
         record.time = time.time()
-        write_json_atomic(self.rank_path(record.rank), dataclasses.asdict(record))
+        data = dataclasses.asdict(record)
+        try:
+            write_json_atomic(self.rank_path(record.rank), data)
+            return True
+        except OSError:
+            sys.stderr.write(RECORD_LINE_PREFIX + json.dumps(data) + "\n")
+            sys.stderr.flush()
+            return False
 
-    def read_rank(self, rank: int) -> RankStatus | None:
+    def read_rank(self, rank: int, fallback: dict[int, dict[str, Any]] | None = None) -> RankStatus | None:
+        """The rank's record; a record line from its stderr (`fallback`, by rank) when newer or alone."""
         data = _read_json(self.rank_path(rank))
+        line = (fallback or {}).get(rank)
+        if line is not None and (
+            data is None or float(line.get("time") or 0) >= float(data.get("time") or 0)
+        ):
+            data = line
         if data is None:
             return None
         try:

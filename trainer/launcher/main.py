@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from provision.atomic import write_atomic
 from provision.paths import repo_root
@@ -37,6 +38,7 @@ from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
+from trainer.diskspace import OutOfSpace, guard
 from trainer.launcher import supervise
 from trainer.launcher.cli import parse_args
 from trainer.launcher.compile_cache import localise_compile_caches
@@ -182,6 +184,7 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     # A finished run stays finished: say so, train nothing.
     complete, _ = scan(run_dir / "checkpoints")
     if complete and complete[-1].step >= cfg.train.steps:
+        _settle_finished_run(run_dir, cfg, complete[-1], started)
         say(
             f"run complete: {complete[-1].path} is step {complete[-1].step} of {cfg.train.steps}; "
             f"nothing to train (summary: {proto.summary_path(run_dir)}; "
@@ -200,6 +203,33 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
     return _run(launch, attempt, args, environ, started)
+
+
+def _settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
+    """The last checkpoint is the requested step, but summary.json does not say completed (an attempt
+    died after that save, e.g. out of space while writing the summary): make it say so."""
+    before = proto.read_summary(run_dir)
+    if before is not None and before.status == proto.COMPLETED:
+        return
+    try:
+        losses = latest.train_state().get("losses")
+        proto.write_summary(
+            run_dir,
+            Summary(
+                proto.COMPLETED,
+                steps_requested=cfg.train.steps,
+                reason=f"checkpoint step {latest.step} is complete; summary.json said "
+                f"{before.status if before else 'nothing'} (an attempt ended after that save)",
+                last_complete_checkpoint=_ckpt_json(latest),
+                final_losses=losses,
+                wall_time_s=time.perf_counter() - started,
+                config=cfg.name,
+                previous_status=before.status if before else None,
+                previous=before.to_json(stamp=False) if before else None,
+            ),
+        )
+    except (OSError, ValueError) as exc:
+        say(f"could not update {proto.summary_path(run_dir)}: {exc}")
 
 
 def _preflight(
@@ -252,7 +282,30 @@ def _prepare_attempt(launch: Launch, nproc: int, environ: dict[str, str]) -> Att
         )
     attempt.dir.mkdir(parents=True, exist_ok=True)
     attempt.write_config(launch.cfg)  # every node writes the same bytes: the config it checked
+    if rdzv.node_rank == 0:  # before any rank starts: a run that dies in any way never leaves `completed`
+        write_running_summary(launch, attempt)
     return attempt
+
+
+def write_running_summary(launch: Launch, attempt: Attempt) -> None:
+    before = proto.read_summary(launch.run_dir)
+    previous = before.to_json(stamp=False) if before else None
+    if before and before.status in (proto.PREFLIGHT_FAILED, proto.RUNNING) and before.previous:
+        previous = before.previous  # the last attempt that got further than this
+    proto.write_summary(
+        launch.run_dir,
+        Summary(
+            proto.RUNNING,
+            steps_requested=launch.cfg.train.steps,
+            reason=f"attempt {attempt.id} is in progress (or died without a verdict)",
+            attempt=attempt.id,
+            config=launch.cfg.name,
+            nnodes=launch.rdzv.nnodes,
+            world_size=launch.world_size,
+            previous_status=before.status if before else None,
+            previous=previous,
+        ),
+    )
 
 
 def _run(
@@ -267,13 +320,21 @@ def _run(
 
     torchrun = supervise.Torchrun(command, launch.env, attempt)
     rc = torchrun.wait()
-    result = verdict(launch.world_size, args.nproc, attempt, launch.run_dir, rc, list(torchrun.stderr_tail))
+    result = verdict(
+        launch.world_size,
+        args.nproc,
+        attempt,
+        launch.run_dir,
+        rc,
+        list(torchrun.stderr_tail),
+        torchrun.record_lines,
+    )
     if torchrun.signals and result.status == proto.COMPLETED:
         result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
     exit_code = proto.EXIT_CODES[result.status]
     assert exit_code is not None
-    if rdzv.node_rank == 0:
-        write_final_summary(launch, attempt, result, rc, exit_code, started)
+    if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
+        exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
     _report(launch, result, args, environ)
     return exit_code
 
@@ -288,6 +349,8 @@ def _report(launch: Launch, result: Verdict, args: argparse.Namespace, environ: 
         say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
         if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0 and not args.no_requeue:
             say(supervise.requeue(environ))
+    elif result.out_of_space:
+        say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed, the fix
     else:
         say(f"FAILED: {result.reason}")
         if result.rank_error and result.rank_error.strip() != (result.reason or "").strip():
@@ -297,11 +360,12 @@ def _report(launch: Launch, result: Verdict, args: argparse.Namespace, environ: 
 
 def write_final_summary(
     launch: Launch, attempt: Attempt, result: Verdict, rc: int, exit_code: int, started: float
-) -> None:
+) -> bool:
     """summary.json as the launcher sees the outcome: rank 0's summary (if this attempt wrote one) plus
-    the verdict, the exit code, torchrun's exit status and the launcher's wall time."""
+    the verdict, the exit code, torchrun's exit status and the launcher's wall time. False (said on
+    stderr) when it cannot be written: summary.json then still says `running`, never a success."""
     base = proto.read_summary(launch.run_dir)
-    if base is None or base.attempt != attempt.id:  # rank 0 did not get to write one
+    if base is None or base.attempt != attempt.id or base.status == proto.RUNNING:  # rank 0 wrote none
         progress = attempt.read_progress()
         complete, _ = scan(launch.run_dir / "checkpoints")
         base = Summary(
@@ -324,13 +388,21 @@ def write_final_summary(
         wall_time_s=time.perf_counter() - started,
         torchrun_exit_code=rc,
         notes=result.notes,
+        out_of_space=result.out_of_space,
         attempt=attempt.id,
         nnodes=launch.rdzv.nnodes,
         world_size=launch.world_size,
         env={"prefix": str(launch.choice.prefix), "provisioned": launch.choice.provisioned},
         config=launch.cfg.name,
     )
-    proto.write_summary(launch.run_dir, summary)
+    try:
+        with guard(proto.summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
+            proto.write_summary(launch.run_dir, summary)
+    except OSError as exc:
+        line = exc.line(launch.cfg.checkpoint.keep) if isinstance(exc, OutOfSpace) else str(exc)
+        say(f"could not write the summary ({result.status}, exit {exit_code}): {line}")
+        return False
+    return True
 
 
 def write_sbatch(args: argparse.Namespace) -> int:

@@ -16,10 +16,11 @@ import sys
 import threading
 from collections import deque
 from types import FrameType
+from typing import Any
 
 import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
 
-from trainer.attempt import Attempt
+from trainer.attempt import Attempt, parse_record_line
 from trainer.launcher.console import say
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
@@ -39,6 +40,7 @@ class Torchrun:
         self.attempt = attempt
         self.signals: list[str] = []
         self.stderr_tail: deque[str] = deque(maxlen=400)
+        self.record_lines: dict[int, dict[str, Any]] = {}  # rank records a rank could only print (disk full)
         self.proc: subprocess.Popen[str] | None = None
         for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
             signal.signal(sig, self.request_stop)
@@ -60,6 +62,10 @@ class Torchrun:
         # The ranks' stderr comes through torchrun: pass it on, keep the end to name a killed rank.
         assert self.proc is not None and self.proc.stderr is not None
         for line in self.proc.stderr:
+            record = parse_record_line(line)
+            if record is not None:  # a rank's record, not for the terminal
+                self.record_lines[record["rank"]] = record
+                continue
             sys.stderr.write(line)
             sys.stderr.flush()
             self.stderr_tail.append(line)

@@ -34,6 +34,7 @@ class Verdict:
     failed_rank: int | None = None
     rank_error: str | None = None
     notes: list[str] = field(default_factory=list)
+    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -84,8 +85,10 @@ def verdict(
     run_dir: Path,
     rc: int,
     stderr_tail: list[str],
+    record_lines: dict[int, dict[str, Any]] | None = None,
 ) -> Verdict:
-    records = {r: attempt.read_rank(r) for r in range(world_size)}
+    """`record_lines`: rank records that ranks printed on stderr because the file could not be written."""
+    records = {r: attempt.read_rank(r, record_lines) for r in range(world_size)}
     states = {r: rec.status if rec else proto.NEVER_STARTED for r, rec in records.items()}
     rank_summary = proto.read_summary(run_dir)
     if rank_summary is not None and rank_summary.attempt != attempt.id:
@@ -113,7 +116,10 @@ def _failure(
     rc: int,
     stderr_tail: list[str],
 ) -> Verdict:
-    """Failed: name the rank that caused it."""
+    """Failed: name the rank that caused it; a rank out of space or quota comes first (said in one line)."""
+    for r, rec in sorted(records.items()):
+        if rec and rec.out_of_space:
+            return Verdict(proto.FAILED, reason=rec.error, failed_rank=r, out_of_space=rec.out_of_space)
     for r, rec in records.items():
         if rec and rec.status == proto.FAILED:
             errors[r] = {"error": rec.error or "", "time": rec.time}
