@@ -2,7 +2,9 @@
 
 bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=value ...]
           [--cpu-scale | --no-cpu-scale] [--nnodes N --node-rank R --master-addr A --master-port P]
-          [--sbatch [FILE] [--time T] [--partition P] [--account A]]
+          [--require-env] [--preflight-only] [--no-requeue]
+          [--sbatch [FILE] [--time T] [--partition P] [--account A] [--cpus-per-task C]
+                   [--gpus-per-node G] [--signal-lead S]]
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--master-addr", help="default: $MASTER_ADDR, else the job's first Slurm node")
     parser.add_argument("--master-port", type=int, help="default: $MASTER_PORT, else derived from the job id")
     parser.add_argument(
-        "--no-requeue", action="store_true", help="under Slurm, do not requeue when preempted"
+        "--no-requeue",
+        action="store_true",
+        help="under Slurm, do not requeue after a SIGUSR1 stop (SIGTERM never requeues: Slurm decides)",
+    )
+    parser.add_argument(
+        "--require-env",
+        action="store_true",
+        help="fail preflight (exit 3) rather than fall back to the tool env when no provisioned env is found",
+    )
+    parser.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help="run the preflight (env choice, checks), then exit 0 (passed) or 3 (the sbatch script's step 1)",
     )
     parser.add_argument(
         "--sbatch",
@@ -53,6 +67,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--time", default="24:00:00", help="--sbatch: the job's time limit")
     parser.add_argument("--partition", help="--sbatch: Slurm partition")
     parser.add_argument("--account", help="--sbatch: Slurm account")
+    parser.add_argument(
+        "--cpus-per-task", type=_positive_int, help="--sbatch: CPUs for each node's task (default: NPROC)"
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="--sbatch: GPUs to request per node (default: NPROC, or none with --cpu-scale; 0: none)",
+    )
+    parser.add_argument(
+        "--signal-lead",
+        type=_positive_int,
+        default=120,
+        metavar="S",
+        help="--sbatch: seconds before the time limit Slurm sends USR1 (save + requeue); longer than a save",
+    )
     return parser.parse_args(argv)
 
 

@@ -9,8 +9,11 @@ Exit codes (also in summary.json as exit_code):
      2  bad command line or config (unknown config, bad --set): nothing is written
      3  preflight failed (env missing or incomplete, a check failed, run dir not writable, checkpoint
         incompatible with the config): no rank started, no checkpoint touched
-    75  preempted (SIGTERM/SIGUSR1): a checkpoint was saved; run the same command again to resume
-        (under Slurm the job is requeued when allowed)
+    75  stopped by a signal (SIGUSR1/SIGTERM/SIGINT/SIGHUP): a checkpoint was saved (or, before any
+        rank started, nothing was trained); run the same command again to resume. Under Slurm, node 0
+        requeues the job after SIGUSR1 only (the time-limit warning, `scancel --batch --signal=USR1`);
+        after SIGTERM (scancel, scontrol requeue, preemption) Slurm's own decision stands
+        (supervise.requeue_wanted is the rule)
 
 The order: load and check the config -> preflight (run dir, rendezvous, resume compatibility, env,
 envcheck) -> the attempt directory with the resolved config (config.json) -> torchrun -> the verdict
@@ -24,6 +27,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -32,7 +36,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from provision.atomic import write_atomic
 from provision.paths import repo_root
 from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
@@ -135,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         return _main(args, started, known)
     except StopBeforeStart as exc:
         say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED})")
+        environ = dict(os.environ)
+        if environ.get("SLURM_JOB_ID") and int(environ.get("SLURM_NODEID") or 0) == 0:
+            say(supervise.slurm_after_stop([str(exc)], environ, args.no_requeue))
         if known.cfg is not None and known.run_dir is not None and known.run_dir.is_dir():
             proto.write_summary(
                 known.run_dir,
@@ -199,6 +205,9 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         return EXIT_PREFLIGHT
     try:
         launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
+        if args.preflight_only:
+            say(f"preflight passed on {socket.gethostname()} (--preflight-only: no rank started)")
+            return EXIT_OK
         attempt = _prepare_attempt(launch, args.nproc, environ)
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
@@ -250,7 +259,14 @@ def _preflight(
         conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+    if args.preflight_only:
+        supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
     choice = resolve_env(args.env, args.prefix, environ)
+    if not choice.provisioned and args.require_env:
+        raise PreflightError(
+            f"--require-env: no provisioned env found ({choice.why}); provision one with "
+            f"bin/provision {DEFAULT_ENV}, or name it with --env/--prefix"
+        )
     if not choice.provisioned:
         say(f"no provisioned env found; running in the tool environment {choice.prefix} "
             f"(provision one with bin/provision {DEFAULT_ENV})")  # fmt: skip
@@ -329,17 +345,21 @@ def _run(
         list(torchrun.stderr_tail),
         torchrun.record_lines,
     )
+    if torchrun.killed_note and result.status == proto.FAILED:
+        result.reason = torchrun.killed_note  # the ranks did not fail: torchrun itself was killed
     if torchrun.signals and result.status == proto.COMPLETED:
         result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
     exit_code = proto.EXIT_CODES[result.status]
     assert exit_code is not None
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
         exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
-    _report(launch, result, args, environ)
+    _report(launch, result, args, environ, torchrun.signals)
     return exit_code
 
 
-def _report(launch: Launch, result: Verdict, args: argparse.Namespace, environ: dict[str, str]) -> None:
+def _report(
+    launch: Launch, result: Verdict, args: argparse.Namespace, environ: dict[str, str], signals: list[str]
+) -> None:
     for note in result.notes:
         say(note)
     summary = proto.summary_path(launch.run_dir)
@@ -347,8 +367,8 @@ def _report(launch: Launch, result: Verdict, args: argparse.Namespace, environ: 
         say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
     elif result.status == proto.PREEMPTED:
         say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
-        if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0 and not args.no_requeue:
-            say(supervise.requeue(environ))
+        if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
+            say(supervise.slurm_after_stop(signals, environ, args.no_requeue))
     elif result.out_of_space:
         say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed, the fix
     else:
@@ -406,28 +426,36 @@ def write_final_summary(
 
 
 def write_sbatch(args: argparse.Namespace) -> int:
-    from trainer.launcher.sbatch import render_sbatch
+    from trainer.launcher.sbatch import SbatchPathError, SbatchRequest
+    from trainer.launcher.sbatch import write_sbatch as write_script
 
-    script = render_sbatch(
+    request = SbatchRequest(
         config=args.config,
         nproc=args.nproc,
+        repo_root=repo_root(),
         nnodes=args.nnodes or 1,
         time_limit=args.time,
         partition=args.partition,
         account=args.account,
         env_name=args.env,
         prefix=args.prefix,
+        require_env=args.require_env,
         run_dir=args.run_dir,
-        sets=args.set,
+        sets=list(args.set),
         cpu_scale=args.cpu_scale,
-        repo_root=repo_root(),
+        cpus_per_task=args.cpus_per_task,
+        gpus_per_node=args.gpus_per_node,
+        signal_lead_s=args.signal_lead,
     )
-    if args.sbatch == "-":
+    try:
+        script, path = write_script(request, args.sbatch)
+    except SbatchPathError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    if path is None:
         sys.stdout.write(script)
-        return EXIT_OK
-    path = Path(args.sbatch)
-    write_atomic(path, script, mode=0o755)
-    say(f"wrote {path}; submit it with: sbatch {path}")
+    else:
+        say(f"wrote {path}; submit it with: sbatch {path}")
     return EXIT_OK
 
 

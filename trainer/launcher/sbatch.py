@@ -1,93 +1,187 @@
-"""`bin/train ... --sbatch [FILE]`: a ready Slurm batch script for the same run.
+"""`bin/train ... --sbatch [FILE]`: a ready Slurm batch script for the same run, submitted as written.
 
 What the script does, and why:
-- `--signal=B:USR1@120`: Slurm signals the batch shell 120 s before the time limit; the shell forwards
-  USR1 to srun, srun to bin/train on every node, bin/train to its ranks, which save and exit 75.
-- `--requeue` + `--open-mode=append`: bin/train runs `scontrol requeue` after a preemption save, and the
-  requeued job appends to the same log and resumes from the checkpoint.
-- Preflight on the worker first (`bin/envcheck --worker --json`, one task per node): a worker without a
-  usable compiler fails in seconds, not minutes into the job.
-- One `srun` task per node runs bin/train, which starts torchrun with the rendezvous taken from Slurm's
-  variables: the same command for one node and many.
+- Resources: one task per node, `--cpus-per-task` (default: one per rank), and a GPU request only when
+  asked (`--gpus-per-node N`; default N = NPROC for the full config, none for `--cpu-scale`): the same
+  script runs on a CPU partition without GRES.
+- `--output=RUN_DIR/slurm-%j.out`: slurmd opens it before the script runs, so writing the script
+  creates RUN_DIR (a path that cannot be made is refused with exit 2, like a FILE in a missing dir).
+- `--signal=B:USR1@LEAD`: Slurm's time-limit warning goes to the batch shell, which forwards it to the
+  running srun step; srun passes it to every process of the step. bin/train turns it into a save.
+- The signal rule (what Slurm means by each signal; the README's exit-code section):
+    USR1  the time-limit warning, or `scancel --batch --signal=USR1`: "checkpoint and come back".
+          The ranks save, bin/train exits 75 and (node 0) runs `scontrol requeue`: Restarts+1, the job
+          resumes from that checkpoint.
+    TERM  `scancel`, `scontrol requeue`, a preemption, the time limit itself: the ranks save within
+          Slurm's KillWait, bin/train exits 75 and does NOT requeue: Slurm's own decision stands (a
+          cancel stays CANCELLED; `scontrol requeue` and PreemptMode=REQUEUE requeue the job themselves).
+- Preflight first, on every node, with bin/train's own rules (`bin/train ... --preflight-only`: the same
+  env choice, tool-env fallback and checks as the run itself; `--require-env` makes a missing
+  provisioned env a preflight failure): a broken worker fails in seconds with exit 3, before any rank.
+- Each step runs in the background and the shell waits across trapped signals, so a signal that arrives
+  during preflight or training is forwarded at once (bash defers traps while a foreground job runs).
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 
 EXIT_PREFLIGHT = 3
+EXIT_STOPPED = 75
+DEFAULT_SIGNAL_LEAD_S = 120
 
 
-def render_sbatch(
-    *,
-    config: str,
-    nproc: int,
-    nnodes: int = 1,
-    time_limit: str = "24:00:00",
-    partition: str | None = None,
-    account: str | None = None,
-    env_name: str | None = None,
-    prefix: Path | None = None,
-    run_dir: Path | None = None,
-    sets: list[str] = (),
-    cpu_scale: bool | None = None,
-    repo_root: Path,
-    signal_lead_s: int = 120,
-) -> str:
-    repo_root = Path(repo_root).absolute()
-    run_dir = Path(run_dir).absolute() if run_dir else repo_root / "runs" / config
-    env_args = (
-        ["--env", env_name] if env_name else (["--prefix", str(Path(prefix).absolute())] if prefix else [])
-    )
-    train_args = [config, str(nproc), *env_args, "--run-dir", str(run_dir)]
-    for item in sets:
-        train_args += ["--set", item]
-    if cpu_scale is not None:
-        train_args.append("--cpu-scale" if cpu_scale else "--no-cpu-scale")
+class SbatchPathError(Exception):
+    """A path the script needs cannot be made; the message names it (bin/train exits 2)."""
+
+
+@dataclass
+class SbatchRequest:
+    config: str
+    nproc: int
+    repo_root: Path
+    nnodes: int = 1
+    time_limit: str = "24:00:00"
+    partition: str | None = None
+    account: str | None = None
+    env_name: str | None = None
+    prefix: Path | None = None
+    require_env: bool = False
+    run_dir: Path | None = None
+    sets: list[str] = field(default_factory=list)
+    cpu_scale: bool | None = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+
+    def resolved_run_dir(self) -> Path:
+        return (
+            Path(self.run_dir).absolute()
+            if self.run_dir
+            else self.repo_root.absolute() / "runs" / self.config
+        )
+
+    def train_args(self) -> list[str]:
+        if self.env_name:
+            env_args = ["--env", self.env_name]
+        elif self.prefix:
+            env_args = ["--prefix", str(Path(self.prefix).absolute())]
+        else:
+            env_args = []
+        args = [self.config, str(self.nproc), *env_args, "--run-dir", str(self.resolved_run_dir())]
+        for item in self.sets:
+            args += ["--set", item]
+        if self.cpu_scale is not None:
+            args.append("--cpu-scale" if self.cpu_scale else "--no-cpu-scale")
+        if self.require_env:
+            args.append("--require-env")
+        return args
+
+    def gpus(self) -> int:
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        return 0 if self.cpu_scale else self.nproc
+
+
+def render_sbatch(req: SbatchRequest) -> str:
+    repo_root = Path(req.repo_root).absolute()
+    run_dir = req.resolved_run_dir()
+    train_args = req.train_args()
     directives = [
-        f"--job-name=lingbot-{config}",
-        f"--nodes={nnodes}",
+        f"--job-name=lingbot-{req.config}",
+        f"--nodes={req.nnodes}",
         "--ntasks-per-node=1",
-        f"--gpus-per-node={nproc}",
-        f"--time={time_limit}",
-        f"--signal=B:USR1@{signal_lead_s}",
+        f"--cpus-per-task={req.cpus_per_task or req.nproc}",
+    ]
+    if req.gpus():
+        directives.append(f"--gpus-per-node={req.gpus()}")
+    directives += [
+        f"--time={req.time_limit}",
+        f"--signal=B:USR1@{req.signal_lead_s}",
         "--requeue",
         "--open-mode=append",
         f"--output={run_dir}/slurm-%j.out",
     ]
-    if partition:
-        directives.append(f"--partition={partition}")
-    if account:
-        directives.append(f"--account={account}")
+    if req.partition:
+        directives.append(f"--partition={req.partition}")
+    if req.account:
+        directives.append(f"--account={req.account}")
     header = "\n".join(f"#SBATCH {d}" for d in directives)
     q = shlex.quote
+    train = " ".join(q(a) for a in ["bin/train", *train_args])
     return f"""#!/usr/bin/env bash
 # Generated by: bin/train {shlex.join(train_args)} --sbatch
-# Submit: sbatch <this file>. Exit codes: 0 done, 1 failed, 3 preflight failed, 75 preempted (requeued).
+# Submit as is: sbatch <this file>. Exit codes: 0 done, 1 failed, 3 preflight failed, 75 stopped with a
+# checkpoint saved (USR1: bin/train requeued the job; TERM: Slurm's cancel or requeue stands).
 {header}
 set -uo pipefail
 cd {q(str(repo_root))} || exit {EXIT_PREFLIGHT}
-run_dir={q(str(run_dir))}
-mkdir -p "$run_dir" || exit {EXIT_PREFLIGHT}
 
-# Preflight on every node of the allocation: the env's compilers must work on the worker itself.
-if ! srun --ntasks-per-node=1 --output="$run_dir/envcheck-%j-%N.json" --error="$run_dir/envcheck-%j-%N.log" \
-    bin/envcheck --worker --json - {shlex.join(env_args)}; then
-  echo "preflight failed on a worker: see $run_dir/envcheck-$SLURM_JOB_ID-*.log (and .json)" >&2
-  exit {EXIT_PREFLIGHT}
-fi
+step_pid=""
+stop=""
+# Forward Slurm's signals to the running srun step (srun passes them to every process of the step).
+trap 'stop=USR1; [ -z "$step_pid" ] || kill -USR1 "$step_pid" 2>/dev/null' USR1
+trap 'stop=TERM; [ -z "$step_pid" ] || kill -TERM "$step_pid" 2>/dev/null' TERM
 
-# Forward Slurm's early warning (USR1) and a cancel (TERM) to bin/train, which saves and exits 75.
+# run_step CMD...: one task per node in the background, waited for across trapped signals.
 # (No --kill-on-bad-exit: a node exiting 75 first must not kill node 0 before it writes the summary.)
-srun --ntasks-per-node=1 bin/train {shlex.join(train_args)} &
-train_pid=$!
-trap 'kill -USR1 "$train_pid" 2>/dev/null' USR1
-trap 'kill -TERM "$train_pid" 2>/dev/null' TERM
-while true; do
-  wait "$train_pid"
-  status=$?
-  kill -0 "$train_pid" 2>/dev/null || break  # still running: wait was interrupted by a trapped signal
-done
-exit "$status"
+run_step() {{
+  srun --ntasks-per-node=1 "$@" &
+  step_pid=$!
+  local status
+  while true; do
+    wait "$step_pid"
+    status=$?
+    kill -0 "$step_pid" 2>/dev/null || break  # still running: wait was interrupted by a trapped signal
+  done
+  step_pid=""
+  return "$status"
+}}
+
+# A signal between the steps: nothing ran that could save; USR1 still means "come back later".
+stopped_between_steps() {{
+  echo "received $stop before training started: stopping (exit {EXIT_STOPPED})" >&2
+  if [ "$stop" = USR1 ]; then scontrol requeue "$SLURM_JOB_ID"; fi
+  exit {EXIT_STOPPED}
+}}
+
+# Preflight on every node with bin/train's own rules (env choice, compilers, run dir), before any rank.
+run_step {train} --preflight-only
+status=$?
+if [ "$status" -ne 0 ]; then
+  [ "$status" -eq {EXIT_STOPPED} ] || echo "preflight failed on a worker (exit $status): see above" >&2
+  exit "$status"
+fi
+[ -z "$stop" ] || stopped_between_steps
+
+run_step {train}
+exit $?
 """
+
+
+def write_sbatch(req: SbatchRequest, target: str) -> tuple[str, Path | None]:
+    """The script, with RUN_DIR made (slurmd opens --output there before the script runs) and, for a
+    FILE target, the file written atomically. Raises SbatchPathError naming a path that cannot be made."""
+    from provision.atomic import write_atomic
+
+    path = None if target == "-" else Path(target)
+    if path is not None and not path.parent.is_dir():
+        raise SbatchPathError(f"--sbatch {path}: directory {path.parent} does not exist; create it first")
+    run_dir = req.resolved_run_dir()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SbatchPathError(
+            f"run dir {run_dir} cannot be created ({exc.strerror}): Slurm opens its output file "
+            f"{run_dir}/slurm-<job>.out there before the script runs; pass a --run-dir you can write"
+        ) from None
+    script = render_sbatch(req)
+    if path is None:
+        return script, None
+    try:
+        write_atomic(path, script, mode=0o755)
+    except OSError as exc:
+        raise SbatchPathError(f"--sbatch {path}: cannot write it ({exc.strerror})") from None
+    return script, path
