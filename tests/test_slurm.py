@@ -110,12 +110,6 @@ def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
     assert done.returncode == 0, f"{argv}: {done.stderr}"
 
 
-def submit(cluster: SlurmCluster, scenario: Scenario, no_envs: Path) -> None:
-    env = job_env(scenario, no_envs)
-    generate_script(scenario, env)
-    scenario.job = cluster.sbatch(scenario.script, env=env)
-
-
 # --- observing a job -------------------------------------------------------------------------------
 
 
@@ -305,7 +299,11 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         s = sc(f"usr1{suffix}")
         s.pause(point)
         out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
-        s = sc(f"time_limit{suffix}", "--time", "5" if slow else "4")
+        # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s): 120 s
+        # for a quick save; 200 s for a 65 s save (lead > save + the check's jitter + exit).
+        s = sc(
+            f"time_limit{suffix}", "--time", "5" if slow else "4", "--signal-lead", "200" if slow else "120"
+        )
         s.pause(point)
         out.append((s, drive_stop([], slow, point_timeout=400)))
         s = sc(f"requeue{suffix}")
@@ -341,9 +339,13 @@ def outcomes(slurm, tmp_path_factory):
     planned = scenarios(root, root / "episodes")
     pool = ThreadPoolExecutor(max_workers=len(planned))
     found: dict[str, Outcome] = {}
+    envs = {}
+    for scenario, _ in planned:  # every script first (bin/train --sbatch), then every job at once
+        scenario.root.mkdir(parents=True, exist_ok=True)
+        envs[scenario.name] = job_env(scenario, no_envs)
+        generate_script(scenario, envs[scenario.name])
     for scenario, drive in planned:
-        scenario.root.mkdir(parents=True)
-        submit(slurm, scenario, no_envs)
+        scenario.job = slurm.sbatch(scenario.script, env=envs[scenario.name])
         found[scenario.name] = Outcome(scenario, pool.submit(drive, slurm, scenario))
     yield found
     pool.shutdown(wait=True, cancel_futures=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from trainer.launcher.main import main
-
 if __name__ == "__main__":
+    from trainer.launcher import early
+
+    early.capture()  # before the heavy imports: a stop signal now is recorded, not fatal
+    from trainer.launcher.main import main
+
     sys.exit(main())

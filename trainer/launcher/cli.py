@@ -2,7 +2,7 @@
 
 bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=value ...]
           [--cpu-scale | --no-cpu-scale] [--nnodes N --node-rank R --master-addr A --master-port P]
-          [--require-env] [--preflight-only] [--no-requeue]
+          [--require-env] [--preflight-only] [--env-checked] [--no-requeue]
           [--sbatch [FILE] [--time T] [--partition P] [--account A] [--cpus-per-task C]
                    [--gpus-per-node G] [--signal-lead S]]
 """
@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--require-env",
         action="store_true",
         help="fail preflight (exit 3) rather than fall back to the tool env when no provisioned env is found",
+    )
+    parser.add_argument(
+        "--env-checked",
+        action="store_true",
+        help="skip bin/envcheck's compile checks (the sbatch script's step 2: step 1 ran them on this node)",
     )
     parser.add_argument(
         "--preflight-only",

@@ -42,7 +42,7 @@ from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE,
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
 from trainer.diskspace import OutOfSpace, guard
-from trainer.launcher import supervise
+from trainer.launcher import early, supervise
 from trainer.launcher.cli import parse_args
 from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = {sig: signal.signal(sig, stop_before_start) for sig in supervise.FORWARDED_SIGNALS}
     try:
+        came_early = early.pending()  # arrived before our handlers: recorded by bin/train or launch.py
+        if came_early:
+            raise StopBeforeStart(came_early)
         return _main(args, started, known)
     except StopBeforeStart as exc:
         say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED})")
@@ -275,8 +278,11 @@ def _preflight(
     else:
         say(f"env {choice.prefix} ({choice.why})")
     env = job_environment(choice, environ)
-    for note in env_checks(choice, env):
-        say(note)
+    if args.env_checked:
+        say("env checks: skipped (--env-checked: the job's --preflight-only step ran them on this node)")
+    else:
+        for note in env_checks(choice, env):
+            say(note)
     return Launch(cfg, run_dir, rdzv, world_size, choice, env, cpu_scale)
 
 
@@ -346,7 +352,8 @@ def _run(
         torchrun.record_lines,
     )
     if torchrun.killed_note and result.status == proto.FAILED:
-        result.reason = torchrun.killed_note  # the ranks did not fail: torchrun itself was killed
+        # the ranks did not fail: torchrun itself was killed, and the launcher stopped them
+        result.reason, result.failed_rank, result.rank_error = torchrun.killed_note, None, None
     if torchrun.signals and result.status == proto.COMPLETED:
         result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
     exit_code = proto.EXIT_CODES[result.status]

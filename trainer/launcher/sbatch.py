@@ -18,6 +18,7 @@ What the script does, and why:
 - Preflight first, on every node, with bin/train's own rules (`bin/train ... --preflight-only`: the same
   env choice, tool-env fallback and checks as the run itself; `--require-env` makes a missing
   provisioned env a preflight failure): a broken worker fails in seconds with exit 3, before any rank.
+  The training step then passes `--env-checked` (bin/train skips only the compile checks it just ran).
 - Each step runs in the background and the shell waits across trapped signals, so a signal that arrives
   during preflight or training is forwarded at once (bash defers traps while a foreground job runs).
 """
@@ -151,12 +152,16 @@ stopped_between_steps() {{
 run_step {train} --preflight-only
 status=$?
 if [ "$status" -ne 0 ]; then
-  [ "$status" -eq {EXIT_STOPPED} ] || echo "preflight failed on a worker (exit $status): see above" >&2
+  # (75: stopped during preflight; after a signal, srun's status is the signal's, not a failed check)
+  if [ "$status" -ne {EXIT_STOPPED} ] && [ -z "$stop" ]; then
+    echo "preflight failed on a worker (exit $status): see above" >&2
+  fi
   exit "$status"
 fi
 [ -z "$stop" ] || stopped_between_steps
 
-run_step {train}
+# The same command; --env-checked: the compile checks just passed on these nodes (not run twice).
+run_step {train} --env-checked
 exit $?
 """
 

@@ -3,9 +3,10 @@
 A stop signal (SIGTERM, SIGUSR1, SIGINT, SIGHUP) to the launcher becomes the attempt's stop request plus
 a SIGUSR1 to every rank. torchrun is never the one that acts on a stop, even when it is signalled too
 (under Slurm, srun and slurmstepd signal every process of the step, torchrun included):
-- torchrun starts with SIGTERM, SIGUSR1 and SIGINT ignored and TORCHELASTIC_SIGNALS_TO_HANDLE limited
-  to SIGHUP,SIGQUIT. Otherwise SIGUSR1 kills it (no handler: exit -10, the ranks orphaned mid-save) and
-  SIGTERM makes it raise SignalException (a 30-line traceback) and SIGKILL the ranks 30 s later.
+- torchrun starts with SIGTERM, SIGUSR1 and SIGINT ignored and its --signals-to-handle limited to
+  SIGHUP,SIGQUIT (PET_SIGNALS_TO_HANDLE). Otherwise SIGUSR1 kills it (no handler: exit -10, the
+  ranks orphaned mid-save) and SIGTERM makes it raise SignalException (a 30-line traceback) and
+  SIGKILL the ranks 30 s later.
   The ranks inherit the ignored dispositions until trainer/rank.py installs its own stop handlers.
 - torchrun's parent-death signal is SIGHUP, which it does handle: if the launcher dies (kill -9 too),
   torchrun stops its ranks and exits.
@@ -65,8 +66,14 @@ def _torchrun_preexec() -> None:
 
 
 def torchrun_environment(env: dict[str, str]) -> dict[str, str]:
-    """torchrun's environment: it registers its terminating handler only for SIGHUP and SIGQUIT."""
-    return {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": TORCHRUN_HANDLES}
+    """torchrun's environment: it registers its terminating handler only for SIGHUP and SIGQUIT.
+    (PET_SIGNALS_TO_HANDLE is torchrun's --signals-to-handle, whose default SIGTERM,SIGINT,SIGHUP,SIGQUIT
+    it copies into TORCHELASTIC_SIGNALS_TO_HANDLE; the ignored dispositions alone would be overridden.)"""
+    return {
+        **env,
+        "PET_SIGNALS_TO_HANDLE": TORCHRUN_HANDLES,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": TORCHRUN_HANDLES,
+    }
 
 
 class Torchrun:
