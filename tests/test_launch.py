@@ -60,7 +60,7 @@ class FakeTorchrun:
 
     def __init__(self, command, env, attempt):
         FakeTorchrun.calls.append((command, env, attempt.dir))
-        self.signals, self.stderr_tail, self.record_lines = [], [], {}
+        self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
 
     def wait(self):
         return 0
@@ -422,8 +422,9 @@ def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):
         "--signal=B:USR1@120", "--requeue",
     ):  # fmt: skip
         assert f"#SBATCH {directive}\n" in script
-    assert "bin/envcheck --worker --json - --env lingbot-b200" in script
-    assert "bin/train furniture_train 4 --env lingbot-b200 --run-dir" in script
+    # preflight with bin/train's own rules on every node, then the run (test_slurm.py submits it for real)
+    assert "run_step bin/train furniture_train 4 --env lingbot-b200 --run-dir" in script
+    assert script.count("--preflight-only\n") == 1 and script.count("--env-checked\n") == 1
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
