@@ -211,8 +211,12 @@ class Attempt:
         return self.dir / f"node{node_rank}"
 
     def used(self) -> bool:
-        """True when another launch already left files here (reusing them would forge the verdict)."""
-        return self.dir.exists() and any(self.dir.iterdir())
+        """True when another launch already left files here (reusing them would forge the verdict).
+        config.json and the node<N>/ log dirs do not count: every node of this attempt writes them, and
+        with several nodes another one may get there first."""
+        if not self.dir.exists():
+            return False
+        return any(p.name != CONFIG_NAME and not p.name.startswith("node") for p in self.dir.iterdir())
 
     # the config: written once by the launcher, read by every rank
     def write_config(self, cfg: RunConfig) -> Path:
