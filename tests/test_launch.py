@@ -1,7 +1,7 @@
 """bin/train's launcher without starting ranks: usage and preflight errors, env choice and variables,
 node-local compile caches, Slurm rendezvous, the verdict from rank records, requeue, --sbatch.
 
-`trainer.launch.main` runs in this process; where a test needs to get past preflight, torchrun is
+`trainer.launcher.main.main` runs in this process; where a test needs to get past preflight, torchrun is
 replaced by a recorder (the real torchrun path is covered in test_resume.py).
 """
 
@@ -20,10 +20,21 @@ import pytest
 import provision.check
 import provision.nodeinfo
 from provision.check import FAIL, PASS, Check, Report
-from trainer import launch
-from trainer import summary as summaries
+from provision.paths import repo_root
+from trainer import attempt as proto
+from trainer.attempt import Attempt
 from trainer.config import load_config
-from trainer.launch import PreflightError, localise_compile_caches, rendezvous, resolve_env, verdict
+from trainer.launcher import main as launch
+from trainer.launcher import supervise
+from trainer.launcher.cli import parse_args
+from trainer.launcher.compile_cache import localise_compile_caches
+from trainer.launcher.envchoice import EnvChoice, resolve_env, tool_env
+from trainer.launcher.errors import PreflightError
+from trainer.launcher.preflight import env_checks
+from trainer.launcher.rendezvous import rendezvous
+from trainer.launcher.supervise import requeue
+from trainer.launcher.verdict import torchrun_error_files
+from trainer.launcher.verdict import verdict as attempt_verdict
 
 TINY = ["--set", "train.steps=4"]
 
@@ -37,14 +48,19 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "gpu_count", lambda: 0)
 
 
+def verdict(world_size, nproc, attempt_dir, run_dir, attempt_id, rc, tail):
+    assert Path(attempt_dir).name == attempt_id
+    return attempt_verdict(world_size, nproc, Attempt(attempt_dir), run_dir, rc, tail)
+
+
 class FakeTorchrun:
-    """Stands in for launch.Torchrun: records what would run; every rank 'vanishes' (no records)."""
+    """Stands in for supervise.Torchrun: records what would run; every rank 'vanishes' (no records)."""
 
     calls: list = []
 
-    def __init__(self, command, env, attempt_dir):
-        FakeTorchrun.calls.append((command, env, attempt_dir))
-        self.signals, self.stderr_tail = [], []
+    def __init__(self, command, env, attempt):
+        FakeTorchrun.calls.append((command, env, attempt.dir))
+        self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
 
     def wait(self):
         return 0
@@ -53,7 +69,7 @@ class FakeTorchrun:
 @pytest.fixture
 def fake_torchrun(monkeypatch):
     FakeTorchrun.calls = []
-    monkeypatch.setattr(launch, "Torchrun", FakeTorchrun)
+    monkeypatch.setattr(supervise, "Torchrun", FakeTorchrun)
     return FakeTorchrun
 
 
@@ -145,10 +161,8 @@ def test_missing_or_incomplete_env_fails_preflight(tmp_path, capsys, fake_torchr
 def test_failed_preflight_keeps_the_last_real_run_in_the_summary(tmp_path, capsys, fake_torchrun):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    preempted = summaries.make_summary(
-        summaries.PREEMPTED, steps_requested=40, last_step=12, final_losses={"loss": 1.5}
-    )
-    summaries.write_summary(run_dir, preempted)
+    preempted = proto.Summary(proto.PREEMPTED, steps_requested=40, last_step=12, final_losses={"loss": 1.5})
+    proto.write_summary(run_dir, preempted)
     argv = ["furniture_train", "2", "--run-dir", str(run_dir), *TINY, "--env", "nope"]
     for _ in range(2):  # a second failure does not bury the preempted run under the first failure
         assert launch.main(argv) == 3
@@ -212,9 +226,13 @@ def test_without_env_args_the_tool_env_is_used_loudly(tmp_path, capsys, passing_
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "2"
     assert command[command.index("-m", 3) :][:2] == ["-m", "trainer.train"]
-    assert "--cpu-scale" in command and command[-2:] == ["--set", "train.steps=4"]
+    assert command[-2:] == ["--attempt-dir", str(attempt_dir)]  # the ranks get no config name, no --set
+    ranks_config = json.loads((attempt_dir / "config.json").read_text())
+    assert (
+        ranks_config == load_config("furniture_train", cpu_scale=True, overrides={"train.steps": 4}).to_dict()
+    )
     assert env["LINGBOT_ATTEMPT_DIR"] == str(attempt_dir) and attempt_dir.parent == run_dir / "attempts"
-    assert str(launch.REPO_ROOT) in env["PYTHONPATH"].split(os.pathsep)
+    assert str(repo_root()) in env["PYTHONPATH"].split(os.pathsep)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "before any rank started" in summary["reason"]
 
@@ -259,12 +277,12 @@ def test_tool_env_skips_only_the_provision_bookkeeping_and_says_so(monkeypatch):
         Check("node.disk", PASS, 0, "plenty"),
     ]
     monkeypatch.setattr(provision.check, "run_checks", lambda prefix, **kw: report(*checks))
-    notes = launch.env_checks(launch.tool_env(), {})
+    notes = env_checks(tool_env(), {})
     assert any("not applicable, skipped: env.complete, variables.file" in n for n in notes)
     assert any("envcheck skipped compile.*" in n for n in notes)
     # The same failures on a provisioned env are real.
     with pytest.raises(PreflightError, match="env.complete: no manifest"):
-        launch.env_checks(launch.EnvChoice(Path("/p"), Path("/p/bin/python"), provisioned=True), {})
+        env_checks(EnvChoice(Path("/p"), Path("/p/bin/python"), provisioned=True), {})
 
 
 def test_compile_caches_on_a_network_fs_become_node_local_copies(tmp_path, monkeypatch):
@@ -293,7 +311,7 @@ def test_compile_caches_on_a_network_fs_become_node_local_copies(tmp_path, monke
 
 
 def args_for(*argv):
-    return launch.parse_args(["furniture_train", "4", *argv])
+    return parse_args(["furniture_train", "4", *argv])
 
 
 def test_rendezvous_comes_from_slurm_variables(tmp_path, monkeypatch):
@@ -334,7 +352,8 @@ def write_records(attempt_dir: Path, *records: dict) -> None:
 
 
 def rank_summary(run_dir: Path, status: str, attempt: str = "att") -> None:
-    (run_dir / "summary.json").write_text(json.dumps({"status": status, "attempt": attempt, "reason": "r"}))
+    summary = {"status": status, "attempt": attempt, "reason": "r", "steps_requested": 4}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
 
 
 def test_verdict_ignores_a_teardown_abort_once_every_rank_completed(tmp_path):
@@ -380,7 +399,7 @@ def test_requeue_asks_scontrol(tmp_path, monkeypatch):
     scontrol.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert launch.requeue({"SLURM_JOB_ID": "77"}) == "requeued Slurm job 77"
+    assert requeue({"SLURM_JOB_ID": "77"}) == "requeued Slurm job 77"
     assert log.read_text() == "requeue 77\n"
 
 
@@ -399,11 +418,13 @@ def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):
     assert launch.main(argv) == 0
     script = capsys.readouterr().out
     for directive in (
-        "--nodes=2", "--gpus-per-node=4", "--ntasks-per-node=1", "--time=12:00:00", "--signal=B:USR1@120", "--requeue"
+        "--nodes=2", "--gpus-per-node=4", "--ntasks-per-node=1", "--time=12:00:00",
+        "--signal=B:USR1@120", "--requeue",
     ):  # fmt: skip
         assert f"#SBATCH {directive}\n" in script
-    assert "bin/envcheck --worker --json - --env lingbot-b200" in script
-    assert "bin/train furniture_train 4 --env lingbot-b200 --run-dir" in script
+    # preflight with bin/train's own rules on every node, then the run (test_slurm.py submits it for real)
+    assert "run_step bin/train furniture_train 4 --env lingbot-b200 --run-dir" in script
+    assert script.count("--preflight-only\n") == 1 and script.count("--env-checked\n") == 1
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
@@ -442,7 +463,7 @@ def test_torchrun_error_files_name_the_global_rank(tmp_path, monkeypatch):
         raise ValueError("bad episode file")
     except ValueError as exc:
         ErrorHandler().record_exception(exc)
-    found = launch.torchrun_error_files(attempt, nproc=2)
+    found = torchrun_error_files(attempt, nproc=2)
     assert list(found) == [2] and "bad episode file" in found[2]["error"]
     # A rank that failed before writing its own record is still named, with its error.
     v = verdict(4, 2, attempt, tmp_path, "att", 1, [])

@@ -27,6 +27,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -98,7 +99,8 @@ def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
 
 
 def latest_complete(root: Path) -> CheckpointInfo | None:
-    """The newest complete checkpoint; None (fresh start) for an absent dir, an empty one, or only partial ones."""
+    """The newest complete checkpoint; None (fresh start) for an absent dir, an empty one, or only
+    partial ones."""
     complete, _ = scan(root)
     return complete[-1] if complete else None
 
@@ -153,9 +155,13 @@ class Checkpointer:
         world_size: int,
         attempt: str,
         export_safetensors: bool = False,
+        every: int = 0,
+        last_step: int = 0,
+        async_save: bool = False,
     ):
         self.root = Path(root)
         self.keep = keep
+        self.every, self.last_step, self.async_save = every, last_step, async_save
         self.rank = rank
         self.world_size = world_size
         self.attempt = attempt
@@ -163,6 +169,36 @@ class Checkpointer:
         self.last_committed: CheckpointInfo | None = None
         self._pending: tuple | None = None
         self._async_group = None
+
+    def due(self, step: int, stopping: bool) -> bool:
+        """Whether `step` ends with a save: every `every` steps, at the last step, and when stopping."""
+        return stopping or step == self.last_step or (self.every > 0 and step % self.every == 0)
+
+    def maybe_save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        *,
+        stopping: bool,
+        train_state: dict[str, Any],
+        before_commit: Callable[[], None] | None = None,
+    ) -> bool:
+        """Collective. Save when due(); asynchronous only mid-run (a stop or the last step must be on disk
+        before the rank exits). Returns whether a save started."""
+        if not self.due(step, stopping):
+            return False
+        self.save(
+            step,
+            model,
+            optimizer,
+            scheduler,
+            train_state=train_state,
+            before_commit=before_commit,
+            asynchronous=self.async_save and not stopping and step < self.last_step,
+        )
+        return True
 
     def save(
         self,
@@ -198,8 +234,8 @@ class Checkpointer:
         if self.export_safetensors:
             self._export_safetensors(model, tmp / SAFETENSORS)
         if self.rank == 0:
-            state = {**train_state, "step": step, "world_size": self.world_size}
-            (tmp / TRAIN_STATE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            saved = {**train_state, "step": step, "world_size": self.world_size}
+            (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         self._pending = (step, tmp, final, future, before_commit)
         return None if asynchronous else self.finish()
 
@@ -251,14 +287,15 @@ class Checkpointer:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         full = get_model_state_dict(model, options=options)  # collective: every rank takes part
         if self.rank == 0:
-            save_file({k: v.contiguous() for k, v in full.items()}, str(path))
+            save_file({k: torch.as_tensor(v).contiguous() for k, v in full.items()}, str(path))
 
     def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler) -> dict:
         """Restore model, optimizer, LR schedule and this rank's RNG; returns the train state."""
         state = info.train_state()
         if state.get("world_size") != self.world_size:
             raise CheckpointError(
-                f"{info.path} was written by {state.get('world_size')} ranks, this run has {self.world_size}: "
+                f"{info.path} was written by {state.get('world_size')} ranks, "
+                f"this run has {self.world_size}: "
                 f"the data shards and RNG streams differ per rank, so resume with the same number of ranks "
                 f"(or start a new run with --run-dir)"
             )

@@ -11,6 +11,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -240,6 +241,19 @@ def parse_set(items: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.steps=100")
         out[key.strip()] = value.strip()
     return out
+
+
+def config_from_dict(tree: dict[str, Any], source: str) -> RunConfig:
+    """The inverse of RunConfig.to_dict (generic over the dataclass fields): every value is coerced and
+    checked as a YAML value is, unknown keys raise ConfigError naming `source`, then validate()."""
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    tree = dict(tree)
+    name = tree.pop("name", None)
+    cfg = RunConfig(name=str(name) if name is not None else RunConfig().name)
+    apply_overrides(cfg, _flatten(tree), source)
+    cfg.validate()
+    return cfg
 
 
 def available_configs() -> list[str]:

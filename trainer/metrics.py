@@ -103,7 +103,8 @@ class Metrics:
             self.info(
                 f"step {step}/{self.total} | latent_loss {values['latent_loss']:.4f} | "
                 f"action_loss {values['action_loss']:.4f} | grad_norm {values['grad_norm']:.3f} | "
-                f"lr {values['lr']:.2e} | {values['s_per_it']:.2f} s/it | {values['tokens_per_s']:.0f} tok/s | "
+                f"lr {values['lr']:.2e} | {values['s_per_it']:.2f} s/it | "
+                f"{values['tokens_per_s']:.0f} tok/s | "
                 f"mem {values['memory_gib']:.2f} GiB"
                 + (f" | mfu {values['mfu']:.1%}" if "mfu" in values else "")
                 + (f" | gpu {values['gpu_util']:.0f}%" if "gpu_util" in values else "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,7 +80,7 @@ class DeviceUtilisation:
             pynvml.nvmlInit()
             index = device.index if device.index is not None else torch.cuda.current_device()
             # NVML numbers devices physically; honour CUDA_VISIBLE_DEVICES through the PCI bus id.
-            bus_id = torch.cuda.get_device_properties(index).pci_bus_id
+            bus_id = getattr(torch.cuda.get_device_properties(index), "pci_bus_id")  # noqa: B009 (not in stubs)
             handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
         except Exception as exc:  # NVML missing from the driver, or no permission
             self.reason = f"NVML unavailable: {exc}"
@@ -129,7 +130,7 @@ class ProfilerWindow:
         self.enabled = bool(profile_cfg.enabled)
         self.out_dir = Path(run_dir) / "profile" / f"rank{rank}"
         self.device = torch.device(device)
-        self._prof = None
+        self._prof: Any = None  # torch.profiler.profile while the window is open
         self._steps_in_window = 0
         self.traces: list[Path] = []
         total = profile_cfg.wait + profile_cfg.warmup + profile_cfg.active

@@ -173,7 +173,7 @@ class StepBreakdown:
         self._active = False
         comm = list(self._comm)  # a snapshot: a stray late collective must not mutate it mid-resolve
         stamps = [s for s, _ in self._marks] + [s for c in comm for s in c[:2]]
-        times = self._clock.resolve(stamps)
+        times = self._clock.resolve(stamps)  # type: ignore[arg-type]  # stamps are this clock's own
         n = len(self._marks)
         mark_times, comm_times = times[:n], times[n:]
         step = mark_times[-1]

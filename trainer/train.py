@@ -1,338 +1,388 @@
-"""The training loop, one process per rank, as torchrun runs it. Read it top to bottom.
+"""One rank of a training run, as torchrun runs it: build / train_step / loop. Read it top to bottom.
 
-    bin/train furniture_train 2                      # the normal way in (trainer/launch.py)
-    torchrun --nproc-per-node 2 -m trainer.train --config furniture_train --run-dir runs/x [--cpu-scale]
+    bin/train furniture_train 2          # the normal way in (trainer/launcher/); it starts, per rank:
+    python -m trainer.train --run-dir RUN_DIR --attempt-dir RUN_DIR/attempts/<id>
 
-Each optimizer step: grad_accum micro-batches (gradient sync on the last only, or on every one), clip,
-AdamW, LR warm-up, then one all_reduce that averages the losses across ranks and agrees on whether any
-rank was asked to stop (SIGTERM/SIGUSR1, or the launcher's stop file). Checkpoints every
-checkpoint.every steps, at the last step, and when stopping. Batches are a pure function of
-(seed, step, micro-step, rank), so the step number is the whole data position.
-
-What the launcher reads back (RUN_DIR/attempts/<id>/, given by LINGBOT_ATTEMPT_DIR):
-    rank_<R>.json     this rank's record: running -> completed | preempted | failed (with the error)
-    progress.json     rank 0, every step: first/last step run, last losses, last complete checkpoint
-    stop              the launcher's stop request (exists = stop at the next safe point)
-and RUN_DIR/summary.json, written by rank 0 when training ends.
+The rank loads the config the launcher resolved and checked (RUN_DIR/attempts/<id>/config.json) and
+nothing else. The boundary is torchtitan's:
+    build()       model (trainer.parallel.build_model), optimizer, LR schedule, data stream, Checkpointer,
+                  and the resume from the latest complete checkpoint
+    train_step()  grad_accum micro-batches (gradient sync on the last only, or on every one), clip, AdamW,
+                  LR warm-up: one optimizer step, timed by phase (bench/ drives this same function)
+    loop()        after each step one all_reduce averages the losses across ranks and agrees on whether any
+                  rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
+                  Checkpointer decides when to save (checkpoint.every, the last step, a stop)
+Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
+position. What the launcher reads back is written through trainer/attempt.py (rank records, progress,
+RUN_DIR/summary.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
-import signal
-import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer import summary as summaries
-from trainer.checkpoint import Checkpointer, CheckpointError, resume_conflicts, scan
-from trainer.config import load_config, parse_set
+from trainer import attempt as proto
+from trainer.attempt import Attempt, CheckpointRef, Progress, RankStatus, Summary
+from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointInfo, resume_conflicts, scan
+from trainer.config import RunConfig
 from trainer.data import build_stream
 from trainer.metrics import Metrics, memory_gib
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
+from trainer.rank import StopRequest, init_distributed, pause_point
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class StopRequest:
-    """Set by SIGTERM/SIGUSR1 or by the launcher's stop file; acted on only at a safe point."""
-
-    def __init__(self, stop_file: Path | None):
-        self.stop_file = stop_file
-        self.signal_name: str | None = None
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        # Only set a flag: a second signal during a checkpoint save must not interrupt the save.
-        self.signal_name = self.signal_name or signal.Signals(signum).name
-
-    @property
-    def local(self) -> bool:
-        return self.signal_name is not None or (self.stop_file is not None and self.stop_file.exists())
-
-    def reason(self) -> str:
-        return f"received {self.signal_name}" if self.signal_name else "the launcher asked to stop"
-
-
-class RankRecord:
-    """RUN_DIR/attempts/<id>/rank_<R>.json: how far this rank got, for the launcher's verdict."""
-
-    def __init__(self, attempt_dir: Path | None, rank: int):
-        self.path = attempt_dir / f"rank_{rank}.json" if attempt_dir else None
-        self.base = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
-
-    def write(self, status: str, **fields) -> None:
-        if self.path is not None:
-            summaries.atomic_write_json(
-                self.path, {**self.base, "status": status, "time": time.time(), **fields}
-            )
-
-
-def pause_point(point: str, step: int, rank: int) -> None:
-    """Test hook: LINGBOT_TEST_PAUSE_AT=<point>:<step> makes rank LINGBOT_TEST_PAUSE_RANK (default 0)
-    announce itself in $LINGBOT_TEST_PAUSE_DIR/reached and wait there until .../release exists."""
-    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:{step}":
-        return
-    if rank != int(os.environ.get("LINGBOT_TEST_PAUSE_RANK", "0")):
-        return
-    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
-    summaries.atomic_write_json(
-        pause_dir / "reached", {"pid": os.getpid(), "rank": rank, "point": point, "step": step}
-    )
-    while not (pause_dir / "release").exists():
-        time.sleep(0.02)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="one rank of a training run (started by torchrun)")
-    parser.add_argument("--config", required=True)
     parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--cpu-scale", action=argparse.BooleanOptionalAction, default=False)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--attempt-dir", type=Path, help="default: $LINGBOT_ATTEMPT_DIR; holds the config.json to train"
+    )
     return parser.parse_args(argv)
 
 
-def warmup_schedule(warmup_steps: int):
+def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
     """Linear warm-up to the configured LR over `warmup_steps` optimizer steps, then constant."""
     return lambda done: min(1.0, (done + 1) / max(1, warmup_steps))
 
 
-def init_distributed() -> tuple[int, int, int, torch.device]:
-    if "RANK" not in os.environ:
-        sys.exit("trainer.train is one rank of a torchrun job: run it with bin/train (or torchrun)")
-    rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+# --- build -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rig:
+    """What build() returns: everything a step needs, and where the run resumed from."""
+
+    cfg: RunConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    model: Any  # the FSDP2-sharded WorldModel from trainer.parallel.build_model
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    stream: Any  # trainer.data's stream: micro_batch(step, micro), tokens_per_micro_batch
+    checkpointer: Checkpointer
+    breakdown: StepBreakdown
+    start_step: int = 0
+    resumed: CheckpointInfo | None = None
+    why_fresh: str = ""
+
+
+def build(
+    cfg: RunConfig, run_dir: Path, rank: int, world_size: int, device: torch.device, attempt_id: str
+) -> Rig:
+    """Model, sharding, optimizer, data, Checkpointer, and the resume from the latest complete checkpoint.
+
+    Same seed on every rank: identical initial weights before sharding."""
+    model = build_model(cfg, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
+    stream = build_stream(cfg, rank, world_size)
+    ckpt_root = run_dir / "checkpoints"
+    checkpointer = Checkpointer(
+        ckpt_root,
+        keep=cfg.checkpoint.keep,
+        rank=rank,
+        world_size=world_size,
+        attempt=attempt_id,
+        export_safetensors=cfg.checkpoint.export_safetensors,
+        every=cfg.checkpoint.every,
+        last_step=cfg.train.steps,
+        async_save=cfg.checkpoint.async_save,
+    )
+    breakdown = StepBreakdown(device)
+    rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
+    complete, rig.why_fresh = scan(ckpt_root)
+    latest = complete[-1] if complete else None
+    if latest is not None:
+        conflicts = resume_conflicts(latest.train_state(), cfg, world_size)
+        if conflicts:
+            raise CheckpointError(f"cannot resume from {latest.path}: " + "; ".join(conflicts))
+        checkpointer.load(latest, model, optimizer, scheduler)
+        rig.start_step, rig.resumed = latest.step, latest
+    return rig
+
+
+# --- one step --------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepOutput:
+    latent_sum: torch.Tensor  # this rank's latent loss summed over its micro-batches (not averaged)
+    action_sum: torch.Tensor
+    grad_norm: float
+    lr: float  # the LR this step used
+
+
+def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = None) -> StepOutput:
+    """One optimizer step: grad_accum micro-batches, clip, AdamW, LR schedule; phases timed in
+    rig.breakdown (the caller opens and closes the step: start_step / end_step)."""
+    cfg, model, breakdown, device = rig.cfg, rig.model, rig.breakdown, rig.device
+    grad_accum = cfg.train.grad_accum
+    lr = rig.scheduler.get_last_lr()[0]
+    latent_sum = torch.zeros((), device=device)
+    action_sum = torch.zeros((), device=device)
+    for micro in range(grad_accum):
+        # Reduce-scatter on the last micro-batch only (or every one, if asked); params stay gathered.
+        prepare_micro_step(model, cfg, micro)
+        with breakdown.phase("data"):
+            batch = rig.stream.micro_batch(step, micro)
+        with breakdown.phase("h2d"):
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with breakdown.phase("forward"):
+            out = model(batch)
+            loss = out["loss"] / grad_accum
+        with breakdown.phase("backward"):
+            loss.backward()
+        latent_sum += out["latent_loss"].detach()
+        action_sum += out["action_loss"].detach()
+        if micro == 0 and on_first_micro is not None:
+            on_first_micro()
+    with breakdown.phase("optimizer"):
+        grad_norm = clip_grad_norm(model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
+        rig.optimizer.step()
+        rig.optimizer.zero_grad(set_to_none=True)
+        rig.scheduler.step()
+    return StepOutput(latent_sum, action_sum, float(grad_norm), float(lr))
+
+
+# --- the loop --------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from step to step, and what the summary reports."""
+
+    status: str = proto.COMPLETED
+    step: int = 0
+    losses: dict[str, float] | None = None
+    last_ckpt: CheckpointInfo | None = None
+    timings: list[dict[str, float]] = field(default_factory=list)
+
+
+def _agree(rig: Rig, out: StepOutput, stop: StopRequest) -> tuple[dict[str, float], bool]:
+    """One collective: mean losses over micro-batches and ranks, and whether any rank must stop."""
+    flag = torch.tensor(float(stop.local), device=rig.device)
+    agreed = torch.stack([out.latent_sum, out.action_sum, flag])
+    dist.all_reduce(agreed)
+    latent_loss, action_loss = (agreed[:2] / (rig.cfg.train.grad_accum * rig.world_size)).tolist()
+    losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
+    return losses, agreed[2].item() > 0
+
+
+def _checkpoint(rig: Rig, state: LoopState, stop: StopRequest, stopping: bool) -> bool:
+    """Let the Checkpointer save if due; returns whether the run stops (a signal during the save counts)."""
+    step, total_steps = state.step, rig.cfg.train.steps
+    with rig.breakdown.phase("checkpoint"):
+        saved = rig.checkpointer.maybe_save(
+            step,
+            rig.model,
+            rig.optimizer,
+            rig.scheduler,
+            stopping=stopping,
+            train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
+            before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
+        )
+    if not saved:
+        return stopping
+    state.last_ckpt = rig.checkpointer.last_committed or rig.resumed
+    if not stopping:  # a signal that arrived during the save stops us here
+        flag = torch.tensor(float(stop.local), device=rig.device)
+        dist.all_reduce(flag)
+        stopping = flag.item() > 0
+        if stopping and step < total_steps:
+            rig.checkpointer.finish()  # commit an asynchronous save before stopping on it
+            state.last_ckpt = rig.checkpointer.last_committed
+    return stopping
+
+
+@dataclass
+class Observers:
+    """The loop's side channels: logging, profiling, utilisation, progress for the launcher."""
+
+    metrics: Metrics
+    profiler: ProfilerWindow
+    utilisation: DeviceUtilisation
+    peak_flops: float | None
+    flops_per_token: float
+    attempt: Attempt | None
+
+
+def _record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, started: float) -> None:
+    timing = rig.breakdown.end_step()
+    state.timings.append(timing)
+    s_per_it = time.perf_counter() - started
+    tokens_per_step = rig.stream.tokens_per_micro_batch * rig.cfg.train.grad_accum * rig.world_size
+    # Throughput of this rank's device (tokens/s summed over ranks is tokens_per_step / s_per_it).
+    rate = throughput(tokens_per_step // rig.world_size, s_per_it, obs.flops_per_token, obs.peak_flops)
+    assert state.losses is not None
+    values = {
+        **state.losses,
+        "grad_norm": out.grad_norm,
+        "lr": out.lr,
+        "s_per_it": s_per_it,
+        "tokens_per_s": tokens_per_step / s_per_it,
+        "memory_gib": memory_gib(rig.device),
+    }
+    optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
+    values.update({k: v for k, v in optional.items() if v is not None})
+    obs.metrics.log_step(state.step, values, timing)
+    if rig.rank == 0 and obs.attempt is not None:
+        obs.attempt.write_progress(
+            Progress(
+                first_step=rig.start_step + 1,
+                last_step=state.step,
+                final_losses=state.losses,
+                resumed_from=rig.resumed.step if rig.resumed else None,
+                last_complete_checkpoint=_ckpt_json(state.last_ckpt),
+            )
+        )
+
+
+def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
+    """Steps start_step+1 .. train.steps, or until every rank agrees to stop (after its checkpoint)."""
+    state = LoopState(step=rig.start_step, last_ckpt=rig.resumed)
+    for step in range(rig.start_step + 1, rig.cfg.train.steps + 1):
+        state.step = step
+        obs.profiler.begin(step)
+        step_started = time.perf_counter()
+        rig.breakdown.start_step()
+        out = train_step(rig, step, on_first_micro=functools.partial(pause_point, "step", step, rig.rank))
+        state.losses, stopping = _agree(rig, out, stop)
+        stopping = _checkpoint(rig, state, stop, stopping)
+        _record_step(rig, obs, state, out, step_started)
+        obs.profiler.step(step)
+        if stopping and step < rig.cfg.train.steps:
+            state.status = proto.PREEMPTED
+            assert state.last_ckpt is not None
+            obs.metrics.info(
+                f"stopping at step {step} ({stop.reason()}): checkpoint {state.last_ckpt.path} saved; "
+                "resume me"
+            )
+            break
+    obs.profiler.close()
+    obs.utilisation.close()
+    if rig.checkpointer.finish() is not None:  # an asynchronous save still in flight
+        state.last_ckpt = rig.checkpointer.last_committed
+    return state
+
+
+# --- the rank's life -------------------------------------------------------------------------------
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    device: torch.device,
+    attempt: Attempt | None,
+    stop: StopRequest,
+    started: float,
+) -> LoopState:
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    attempt_id = attempt.id if attempt else f"manual-{os.getpid()}"
+    rig = build(cfg, run_dir, rank, world_size, device, attempt_id)
+    flops_per_token = rig.model.flops_per_token()
+    metrics = Metrics(cfg, run_dir, rank=rank, start_step=rig.start_step, attempt=attempt_id)
+    if rig.resumed is not None:
+        metrics.info(f"resuming from {rig.resumed.path} (step {rig.resumed.step} of {cfg.train.steps})")
     else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return rank, world_size, local_rank, device
+        metrics.info(f"fresh start: {rig.why_fresh}")
+    metrics.info(
+        f"{cfg.name}: {cfg.train.steps} steps x {cfg.train.grad_accum} micro-batches x {world_size} ranks "
+        f"on {device}, {sum(p.numel() for p in rig.model.parameters()) / 1e6:.2f}M params (sharded view), "
+        f"grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}"
+    )
+    install_comm_timing(rig.model, rig.breakdown)
+    obs = Observers(
+        metrics=metrics,
+        profiler=ProfilerWindow(cfg.profile, run_dir, rank, device),  # no-op unless profile.enabled
+        utilisation=DeviceUtilisation(device),  # NVML on GPU; None readings elsewhere
+        peak_flops=device_peak_flops(device),
+        flops_per_token=flops_per_token,
+        attempt=attempt,
+    )
+    state = loop(rig, obs, stop)
+    # Recorded before the last barrier: once node 0 passes it, every rank's record (on every node) is
+    # final, and a rank that aborts later inside destroy_process_group (a known gloo hiccup) has still
+    # finished its work. The launcher judges the run by these records.
+    if attempt is not None:
+        attempt.write_rank(RankStatus(rank, state.status, step=state.step))
+    dist.barrier()  # every rank is done with training before the summary says so
+    if rank == 0:
+        proto.write_summary(run_dir, _summary(rig, state, stop, attempt_id, started))
+        if state.status == proto.COMPLETED:
+            metrics.info(f"completed {cfg.train.steps} steps; summary {proto.summary_path(run_dir)}")
+    metrics.close()
+    return state
+
+
+def _summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str, started: float) -> Summary:
+    steady = state.timings[1:] or state.timings  # the first step of an attempt pays for warm-up
+    ran = state.step > rig.start_step
+    return Summary(
+        state.status,
+        steps_requested=rig.cfg.train.steps,
+        reason=f"preempted at step {state.step}: {stop.reason()}"
+        if state.status == proto.PREEMPTED
+        else None,
+        first_step=rig.start_step + 1 if ran else None,
+        last_step=state.step if ran else None,
+        resumed_from=rig.resumed.step if rig.resumed else None,
+        last_complete_checkpoint=_ckpt_json(state.last_ckpt),
+        final_losses=state.losses,
+        wall_time_s=time.perf_counter() - started,
+        timing={**summarize_timing(steady), "excludes_first_step": len(state.timings) > 1},
+        world_size=rig.world_size,
+        attempt=attempt_id,
+        config=rig.cfg.name,
+    )
+
+
+def _ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
+    ref = CheckpointRef.of(info)
+    return {"step": ref.step, "path": ref.path} if ref is not None else None
 
 
 @record
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    cfg = load_config(args.config, cpu_scale=args.cpu_scale, overrides=parse_set(args.set))
     run_dir = args.run_dir.absolute()
-    attempt_dir = Path(os.environ["LINGBOT_ATTEMPT_DIR"]) if os.environ.get("LINGBOT_ATTEMPT_DIR") else None
-    attempt = attempt_dir.name if attempt_dir else f"manual-{os.getpid()}"
-    stop = StopRequest(attempt_dir / "stop" if attempt_dir else None)
+    attempt_dir = args.attempt_dir or os.environ.get("LINGBOT_ATTEMPT_DIR")
+    if not attempt_dir:
+        sys.exit("trainer.train needs --attempt-dir (bin/train writes its config.json there)")
+    attempt = Attempt(Path(attempt_dir))
+    cfg = attempt.read_config()
+    stop = StopRequest(attempt)
 
-    rank, world_size, _, device = init_distributed()
-    rank_record = RankRecord(attempt_dir, rank)
-    rank_record.write("running")
+    rank, _, _, device = init_distributed()
+    attempt.write_rank(RankStatus(rank, proto.RUNNING))
     try:
-        status, step = train(
-            cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started, rank_record
-        )
+        train(cfg, run_dir, device, attempt, stop, started)
     except BaseException as exc:
-        rank_record.write("failed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        error = f"{type(exc).__name__}: {exc}"
+        attempt.write_rank(RankStatus(rank, proto.FAILED, error=error, traceback=traceback.format_exc()))
         raise
     dist.destroy_process_group()
     if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
         os.abort()  # test hook: reproduce the teardown SIGABRT deterministically
     return 0
-
-
-def train(
-    cfg, run_dir, rank, world_size, device, attempt, attempt_dir, stop, started, rank_record
-) -> tuple[str, int]:
-    total_steps, grad_accum = cfg.train.steps, cfg.train.grad_accum
-    ckpt_root = run_dir / "checkpoints"
-
-    # Model, sharding, optimizer. Same seed on every rank: identical initial weights before sharding.
-    model = build_model(cfg, device)
-    flops_per_token = model.flops_per_token()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
-    stream = build_stream(cfg, rank, world_size)
-    tokens_per_step = stream.tokens_per_micro_batch * grad_accum * world_size
-    checkpointer = Checkpointer(
-        ckpt_root,
-        keep=cfg.checkpoint.keep,
-        rank=rank,
-        world_size=world_size,
-        attempt=attempt,
-        export_safetensors=cfg.checkpoint.export_safetensors,
-    )
-
-    # Resume from the latest complete checkpoint, or say why this is a fresh start.
-    complete, why_fresh = scan(ckpt_root)
-    latest = complete[-1] if complete else None
-    start_step = 0
-    if latest is not None:
-        conflicts = resume_conflicts(latest.train_state(), cfg, world_size)
-        if conflicts:
-            raise CheckpointError(f"cannot resume from {latest.path}: " + "; ".join(conflicts))
-        checkpointer.load(latest, model, optimizer, scheduler)
-        start_step = latest.step
-    metrics = Metrics(cfg, run_dir, rank=rank, start_step=start_step, attempt=attempt)
-    if latest is not None:
-        metrics.info(f"resuming from {latest.path} (step {latest.step} of {total_steps})")
-    else:
-        metrics.info(f"fresh start: {why_fresh}")
-    metrics.info(
-        f"{cfg.name}: {total_steps} steps x {grad_accum} micro-batches x {world_size} ranks on {device}, "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params (sharded view), grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}"
-    )
-
-    breakdown = StepBreakdown(device)
-    install_comm_timing(model, breakdown)
-    profiler = ProfilerWindow(cfg.profile, run_dir, rank, device)  # no-op unless profile.enabled
-    utilisation = DeviceUtilisation(device)  # NVML on GPU; None readings elsewhere
-    peak_flops = device_peak_flops(device)
-    timings: list[dict] = []
-    last_ckpt = latest
-    losses = None
-    status, step = summaries.COMPLETED, start_step
-
-    for step in range(start_step + 1, total_steps + 1):
-        profiler.begin(step)
-        step_started = time.perf_counter()
-        breakdown.start_step()
-        lr = scheduler.get_last_lr()[0]
-        latent_sum = torch.zeros((), device=device)
-        action_sum = torch.zeros((), device=device)
-        for micro in range(grad_accum):
-            # Reduce-scatter on the last micro-batch only (or every one, if asked); params stay gathered.
-            prepare_micro_step(model, cfg, micro)
-            with breakdown.phase("data"):
-                batch = stream.micro_batch(step, micro)
-            with breakdown.phase("h2d"):
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            with breakdown.phase("forward"):
-                out = model(batch)
-                loss = out["loss"] / grad_accum
-            with breakdown.phase("backward"):
-                loss.backward()
-            latent_sum += out["latent_loss"].detach()
-            action_sum += out["action_loss"].detach()
-            if micro == 0:
-                pause_point("step", step, rank)
-        with breakdown.phase("optimizer"):
-            grad_norm = clip_grad_norm(model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-
-        # One collective: mean losses over micro-batches and ranks, and whether any rank must stop.
-        agreed = torch.stack([latent_sum, action_sum, torch.tensor(float(stop.local), device=device)])
-        dist.all_reduce(agreed)
-        latent_loss, action_loss = (agreed[:2] / (grad_accum * world_size)).tolist()
-        stopping = agreed[2].item() > 0
-        losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
-
-        due = step % cfg.checkpoint.every == 0 or step == total_steps
-        if due or stopping:
-            with breakdown.phase("checkpoint"):
-                # Asynchronous only mid-run: a stop or the last step must be on disk before we exit.
-                checkpointer.save(
-                    step,
-                    model,
-                    optimizer,
-                    scheduler,
-                    train_state={"config": cfg.to_dict(), "losses": losses},
-                    before_commit=lambda s=step: pause_point("checkpoint", s, rank),
-                    asynchronous=cfg.checkpoint.async_save and not stopping and step < total_steps,
-                )
-            last_ckpt = checkpointer.last_committed or latest
-            if not stopping:  # a signal that arrived during the save stops us here
-                flag = torch.tensor(float(stop.local), device=device)
-                dist.all_reduce(flag)
-                stopping = flag.item() > 0
-                if stopping and step < total_steps:
-                    checkpointer.finish()  # commit an asynchronous save before stopping on it
-                    last_ckpt = checkpointer.last_committed
-
-        timing = breakdown.end_step()
-        timings.append(timing)
-        s_per_it = time.perf_counter() - step_started
-        # Throughput of this rank's device (tokens/s summed over ranks is tokens_per_step / s_per_it).
-        rate = throughput(tokens_per_step // world_size, s_per_it, flops_per_token, peak_flops)
-        values = {
-            **losses,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "s_per_it": s_per_it,
-            "tokens_per_s": tokens_per_step / s_per_it,
-            "memory_gib": memory_gib(device),
-        }
-        optional = {"mfu": rate["mfu"], "gpu_util": utilisation.mean_since_last()}
-        values.update({k: v for k, v in optional.items() if v is not None})
-        metrics.log_step(step, values, timing)
-        if rank == 0 and attempt_dir is not None:
-            summaries.atomic_write_json(
-                attempt_dir / "progress.json",
-                {
-                    "first_step": start_step + 1,
-                    "last_step": step,
-                    "final_losses": losses,
-                    "resumed_from": latest.step if latest else None,
-                    "last_complete_checkpoint": _ckpt_json(last_ckpt),
-                },
-            )
-        profiler.step(step)
-        if stopping and step < total_steps:
-            status = summaries.PREEMPTED
-            metrics.info(
-                f"stopping at step {step} ({stop.reason()}): checkpoint {last_ckpt.path} saved; resume me"
-            )
-            break
-
-    profiler.close()
-    utilisation.close()
-    if checkpointer.finish() is not None:  # an asynchronous save still in flight
-        last_ckpt = checkpointer.last_committed
-    # Recorded before the last barrier: once node 0 passes it, every rank's record (on every node) is
-    # final, and a rank that aborts later inside destroy_process_group (a known gloo hiccup) has still
-    # finished its work. The launcher judges the run by these records.
-    rank_record.write(status, step=step)
-    dist.barrier()  # every rank is done with training before the summary says so
-    if rank == 0:
-        steady = timings[1:] or timings  # the first step of an attempt pays for warm-up
-        summaries.write_summary(
-            run_dir,
-            summaries.make_summary(
-                status,
-                steps_requested=total_steps,
-                reason=f"preempted at step {step}: {stop.reason()}"
-                if status == summaries.PREEMPTED
-                else None,
-                first_step=start_step + 1 if step > start_step else None,
-                last_step=step if step > start_step else None,
-                resumed_from=latest.step if latest else None,
-                last_complete_checkpoint=_ckpt_json(last_ckpt),
-                final_losses=losses,
-                wall_time_s=time.perf_counter() - started,
-                timing={**summarize_timing(steady), "excludes_first_step": len(timings) > 1},
-                world_size=world_size,
-                attempt=attempt,
-                config=cfg.name,
-            ),
-        )
-        if status == summaries.COMPLETED:
-            metrics.info(f"completed {total_steps} steps; summary {summaries.summary_path(run_dir)}")
-    metrics.close()
-    return status, step
-
-
-def _ckpt_json(info) -> dict | None:
-    return {"step": info.step, "path": str(info.path)} if info is not None else None
 
 
 if __name__ == "__main__":

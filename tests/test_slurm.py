@@ -1,0 +1,507 @@
+"""`bin/train --sbatch` under a real Slurm: what Slurm records, what summary.json says, the loss curve.
+
+Every job runs the batch script exactly as `bin/train ... --sbatch FILE` wrote it (options chosen on the
+bin/train command line only; the file is never edited) on a private single-host Slurm 22.05
+(tests/support/slurm.py). Where Slurm cannot start (not root, packages not installable) every test here
+skips with the reason.
+
+The scenarios run concurrently (the fixture `outcomes` submits all of them at once; each has a driver
+thread that acts on what it observes): the whole module costs about as long as its slowest scenario.
+Synchronisation is by observation, never by sleeps: LINGBOT_TEST_PAUSE_AT makes one rank announce itself
+in PAUSE_DIR/reached and wait for PAUSE_DIR/release; a driver signals the job, waits for the launcher's
+stop file (proof the stop request reached bin/train), then releases the rank. The "slow save" scenarios
+pause rank 0 inside a checkpoint save (before its commit) and hold it there for SLOW_SAVE_S after the
+signal: a save that takes longer than a minute, as a 5B model's does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.slurm import SlurmCluster, SlurmUnavailable
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 6
+TINY = [
+    "model.dim=32", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
+    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
+    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
+    "checkpoint.every=2", "checkpoint.keep=3",
+]  # fmt: skip
+NPROC = 2
+SLOW_SAVE_S = 65
+JOB_TIMEOUT = 900
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+pytestmark = pytest.mark.slow
+
+
+# --- the cluster and the scripts -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=32, requeue_delay_s=5)
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no Slurm here: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+@dataclass
+class Scenario:
+    name: str
+    root: Path
+    data_dir: Path
+    extra_cli: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    job: str = ""
+    seen_states: set[str] = field(default_factory=set)
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "job.sbatch"
+
+    @property
+    def pause_dir(self) -> Path:
+        return self.root / "pause"
+
+    def pause(self, point: str, rank: int = 0) -> None:
+        self.pause_dir.mkdir(parents=True, exist_ok=True)
+        self.env.update(
+            LINGBOT_TEST_PAUSE_AT=point,
+            LINGBOT_TEST_PAUSE_RANK=str(rank),
+            LINGBOT_TEST_PAUSE_DIR=str(self.pause_dir),
+        )
+
+
+def job_env(scenario: Scenario, no_envs: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
+    env["CONDA_ENVS_PATH"] = str(no_envs)  # no provisioned env: bin/train uses the tool env, loudly
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(scenario.env)
+    return env
+
+
+def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
+    argv = [str(REPO / "bin" / "train"), "furniture_train", str(NPROC), "--cpu-scale"]
+    argv += ["--run-dir", str(scenario.run_dir), "--cpus-per-task", "2"]
+    for item in [*TINY, f"data.path={scenario.data_dir}"]:
+        argv += ["--set", item]
+    argv += [*scenario.extra_cli, "--sbatch", str(scenario.script)]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{argv}: {done.stderr}"
+
+
+# --- observing a job -------------------------------------------------------------------------------
+
+
+def poll(cluster: SlurmCluster, sc: Scenario, ready: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait for `ready()` while recording every JobState Slurm shows; fail if the job ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.job(sc.job).get("JobState", "?")
+        sc.seen_states.add(state)
+        if ready():
+            return
+        if state in FINAL:
+            raise AssertionError(f"{sc.name}: job {sc.job} ended {state} before {what}:\n{slurm_output(sc)}")
+        time.sleep(0.2)  # polling for an event, with a deadline: not a sleep standing in for one
+    raise AssertionError(f"{sc.name}: timed out waiting for {what}:\n{slurm_output(sc)}")
+
+
+def wait_final(cluster: SlurmCluster, sc: Scenario, restarts_at_least: int = 0) -> dict[str, str]:
+    """Slurm's record once the job is in a final state (and has been requeued as often as asked)."""
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        record = cluster.job(sc.job)
+        sc.seen_states.add(record.get("JobState", "?"))
+        if record.get("JobState") in FINAL and int(record.get("Restarts", 0)) >= restarts_at_least:
+            return record
+        time.sleep(0.5)  # polling Slurm's own view with a deadline
+    raise AssertionError(f"{sc.name}: job {sc.job} not final after {JOB_TIMEOUT} s:\n{slurm_output(sc)}")
+
+
+def reached(sc: Scenario) -> dict | None:
+    try:
+        return json.loads((sc.pause_dir / "reached").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def reached_pid(sc: Scenario) -> int:
+    found = reached(sc)
+    assert found is not None, sc.name
+    return int(found["pid"])
+
+
+def stop_files(sc: Scenario) -> list[Path]:
+    return sorted((sc.run_dir / "attempts").glob("*/stop"))
+
+
+def release(sc: Scenario) -> None:
+    (sc.pause_dir / "release").touch()
+
+
+def slurm_output(sc: Scenario) -> str:
+    return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(sc.run_dir.glob("slurm-*.out")))
+
+
+def summary(sc: Scenario) -> dict:
+    return json.loads((sc.run_dir / "summary.json").read_text())
+
+
+def losses_by_step(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Per step, the (latent, action) losses of the last attempt that ran it."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = (record["latent_loss"], record["action_loss"])
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# --- the drivers: one per scenario, run concurrently -----------------------------------------------
+
+
+def drive_complete(cluster: SlurmCluster, sc: Scenario) -> dict:
+    return wait_final(cluster, sc)
+
+
+def drive_rank_error(cluster: SlurmCluster, sc: Scenario) -> dict:
+    return wait_final(cluster, sc)
+
+
+def drive_kill9_rank(cluster: SlurmCluster, sc: Scenario) -> dict:
+    poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 1 to pause at step 3")
+    os.kill(reached_pid(sc), signal.SIGKILL)
+    return wait_final(cluster, sc)
+
+
+def drive_kill9_torchrun(cluster: SlurmCluster, sc: Scenario) -> dict:
+    poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause at step 3")
+    torchrun = psutil.Process(reached_pid(sc)).parent()
+    assert torchrun is not None and "torch.distributed.run" in " ".join(torchrun.cmdline()), torchrun
+    ranks = [p.pid for p in torchrun.children() if "trainer.train" in " ".join(p.cmdline())]
+    sc.notes["ranks"] = ranks
+    torchrun.send_signal(signal.SIGKILL)
+    release(sc)  # an orphaned rank 0 would now train on and claim completion
+    record = wait_final(cluster, sc)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(alive(p) for p in ranks):
+        time.sleep(0.2)  # polling the process table with a deadline
+    sc.notes["ranks_alive"] = [p for p in ranks if alive(p)]
+    return record
+
+
+def drive_stop(how: list[str], slow: bool = False, point_timeout: float = JOB_TIMEOUT):
+    """Pause rank 0 (at a step, or inside a save), stop the job with `how`, wait for the launcher's stop
+    file, release (after SLOW_SAVE_S for a slow save), then wait for the final state."""
+
+    def drive(cluster: SlurmCluster, sc: Scenario) -> dict:
+        poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause")
+        signalled = time.monotonic()
+        if how:
+            cluster.run([*how, sc.job])
+        poll(cluster, sc, lambda: bool(stop_files(sc)), point_timeout, "bin/train's stop file")
+        sc.notes["signal_to_stop_file_s"] = time.monotonic() - signalled
+        if slow:
+            while time.monotonic() - signalled < SLOW_SAVE_S:
+                time.sleep(0.5)  # the test-only slow save: rank 0 holds its save for SLOW_SAVE_S
+        released = time.monotonic()
+        release(sc)
+        restarts = 0 if how[:1] == ["scancel"] and "--batch" not in how else 1
+        sc.notes["timeline"] = timeline(cluster, sc, signalled, released)
+        return wait_final(cluster, sc, restarts_at_least=restarts)
+
+    return drive
+
+
+def timeline(cluster: SlurmCluster, sc: Scenario, signalled: float, released: float) -> dict[str, float]:
+    """Seconds after the signal of: the save released, a new complete checkpoint, Slurm's requeue
+    (Restarts >= 1), the requeued attempt's start, the final state."""
+    before = set(sc.run_dir.glob("checkpoints/*/COMPLETE"))
+    events = {"released": released - signalled}
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while time.monotonic() < deadline:
+        now = time.monotonic() - signalled
+        record = cluster.job(sc.job)
+        state = record.get("JobState", "?")
+        sc.seen_states.add(state)
+        if "saved" not in events and set(sc.run_dir.glob("checkpoints/*/COMPLETE")) - before:
+            events["saved"] = now
+        if "requeued" not in events and int(record.get("Restarts", 0)) >= 1:
+            events["requeued"] = now
+        if "resumed" not in events and list(sc.run_dir.glob(f"attempts/slurm{sc.job}-1*/rank_0.json")):
+            events["resumed"] = now
+        if state in FINAL:
+            events["final"] = now
+            return events
+        time.sleep(0.2)  # polling Slurm's view and the run dir, with a deadline
+    return events
+
+
+def drive_preflight_stop(how: list[str]):
+    def drive(cluster: SlurmCluster, sc: Scenario) -> dict:
+        poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "bin/train to pause in preflight")
+        cluster.run([*how, sc.job])
+        # the stop must reach bin/train while it waits in preflight: its stop note is the proof
+        poll(cluster, sc, lambda: "before any rank started" in slurm_output(sc), 120, "the stop in preflight")
+        release(sc)
+        restarts = 1 if "--batch" in how else 0
+        return wait_final(cluster, sc, restarts_at_least=restarts)
+
+    return drive
+
+
+def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
+    def sc(name: str, *cli: str) -> Scenario:
+        return Scenario(name, root / name, data_dir, list(cli))
+
+    out = []
+    out.append((sc("complete"), drive_complete))
+    s = sc("rank_error")
+    s.pause("step:2", rank=1)
+    s.env["LINGBOT_TEST_PAUSE_DIR"] = str(s.root / "missing-dir")  # rank 1 raises FileNotFoundError there
+    out.append((s, drive_rank_error))
+    s = sc("kill9_rank")
+    s.pause("step:3", rank=1)
+    out.append((s, drive_kill9_rank))
+    s = sc("kill9_torchrun")
+    s.pause("step:3")
+    out.append((s, drive_kill9_torchrun))
+    for slow in (False, True):
+        suffix = "_slow" if slow else ""
+        point = "checkpoint:4" if slow else "step:3"
+        s = sc(f"usr1{suffix}")
+        s.pause(point)
+        out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
+        # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s): 120 s
+        # for a quick save; 200 s for a 65 s save (lead > save + the check's jitter + exit).
+        s = sc(
+            f"time_limit{suffix}", "--time", "5" if slow else "4", "--signal-lead", "200" if slow else "120"
+        )
+        s.pause(point)
+        out.append((s, drive_stop([], slow, point_timeout=400)))
+        s = sc(f"requeue{suffix}")
+        s.pause(point)
+        out.append((s, drive_stop(["scontrol", "requeue"], slow)))
+    s = sc("scancel")
+    s.pause("step:3")
+    out.append((s, drive_stop(["scancel"])))
+    s = sc("preflight_usr1")
+    s.pause("preflight:0")
+    out.append((s, drive_preflight_stop(["scancel", "--batch", "--signal=USR1"])))
+    s = sc("preflight_scancel")
+    s.pause("preflight:0")
+    out.append((s, drive_preflight_stop(["scancel"])))
+    return out
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    future: Future
+
+    def record(self) -> dict[str, str]:
+        return self.future.result(timeout=JOB_TIMEOUT + 600)
+
+
+@pytest.fixture(scope="module")
+def outcomes(slurm, tmp_path_factory):
+    started = time.monotonic()
+    root = tmp_path_factory.mktemp("scenarios")
+    no_envs = root / "no-envs"
+    no_envs.mkdir()
+    planned = scenarios(root, root / "episodes")
+    pool = ThreadPoolExecutor(max_workers=len(planned))
+    found: dict[str, Outcome] = {}
+    envs = {}
+    for scenario, _ in planned:  # every script first (bin/train --sbatch), then every job at once
+        scenario.root.mkdir(parents=True, exist_ok=True)
+        envs[scenario.name] = job_env(scenario, no_envs)
+        generate_script(scenario, envs[scenario.name])
+    for scenario, drive in planned:
+        scenario.job = slurm.sbatch(scenario.script, env=envs[scenario.name])
+        found[scenario.name] = Outcome(scenario, pool.submit(drive, slurm, scenario))
+    yield found
+    pool.shutdown(wait=True, cancel_futures=True)
+    print(f"\ntest_slurm: {len(planned)} scenarios, {time.monotonic() - started:.0f} s wall")
+
+
+def outcome(outcomes, name: str) -> tuple[Scenario, dict[str, str]]:
+    found = outcomes[name]
+    return found.scenario, found.record()
+
+
+def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], reference: dict) -> dict:
+    out = slurm_output(sc)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, out)
+    assert int(record["Restarts"]) >= 1, (record, out)
+    assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
+    result = summary(sc)
+    assert result["status"] == "completed" and result["exit_code"] == 0, result
+    assert result["resumed_from"] is not None, result
+    losses = losses_by_step(sc.run_dir)
+    assert sorted(losses) == list(range(1, STEPS + 1)), losses
+    assert losses == reference, (losses, reference)  # after the resume: exactly the uninterrupted run's
+    assert "SignalException" not in out, out
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(outcomes) -> dict:
+    sc, record = outcome(outcomes, "complete")
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, slurm_output(sc))
+    return losses_by_step(sc.run_dir)
+
+
+# --- the tests -------------------------------------------------------------------------------------
+
+
+def test_generated_script_is_submittable_as_written(tmp_path, slurm):
+    """CPU partition by default (no GPU request), CPUs per task set, a GPU request when asked, and a
+    --sbatch path or run dir that cannot be made is refused with exit 2."""
+    sc = Scenario("gen", tmp_path, tmp_path / "episodes")
+    env = job_env(sc, tmp_path)
+    generate_script(sc, env)
+    text = sc.script.read_text()
+    assert text.endswith("\n") and "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=2" in text
+    assert (sc.run_dir).is_dir()  # --output's directory exists before Slurm opens it
+    subprocess.run(["bash", "-n", str(sc.script)], check=True)
+    sc.extra_cli = ["--gpus-per-node", "2"]
+    generate_script(sc, env)
+    assert "#SBATCH --gpus-per-node=2" in sc.script.read_text()
+    test_only = slurm.run(["sbatch", "--test-only", str(sc.script)], check=False)
+    assert test_only.returncode == 0, test_only.stderr  # the GPU request is schedulable here
+    for bad in (["--sbatch", str(tmp_path / "missing" / "dir" / "job.sbatch")],
+                ["--run-dir", "/proc/no/such/run", "--sbatch", str(tmp_path / "x.sbatch")]):  # fmt: skip
+        done = subprocess.run(
+            [str(REPO / "bin" / "train"), "furniture_train", "2", "--cpu-scale", *bad],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, (bad, done.stderr)
+        assert "Traceback" not in done.stderr and "exit 2" not in done.stdout, done.stderr
+
+
+def test_run_to_completion(outcomes, reference):
+    sc, record = outcome(outcomes, "complete")
+    assert int(record["Restarts"]) == 0, record
+    result = summary(sc)
+    assert result["status"] == "completed" and result["exit_code"] == 0, result
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    out = slurm_output(sc)
+    assert "no provisioned env found; running in the tool environment" in out, out
+
+
+def test_a_rank_runtime_error_fails_the_job_naming_the_rank(outcomes):
+    sc, record = outcome(outcomes, "rank_error")
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", (record, slurm_output(sc))
+    result = summary(sc)
+    assert result["status"] == "failed" and result["failed_rank"] == 1, result
+    assert "FileNotFoundError" in result["reason"], result
+
+
+def test_kill9_of_a_rank_fails_the_job_naming_the_rank(outcomes):
+    sc, record = outcome(outcomes, "kill9_rank")
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", (record, slurm_output(sc))
+    result = summary(sc)
+    assert result["status"] == "failed" and result["failed_rank"] == 1, result
+    assert "SIGKILL" in result["reason"], result
+
+
+def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
+    sc, record = outcome(outcomes, "kill9_torchrun")
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", (record, slurm_output(sc))
+    assert sc.notes["ranks"] and sc.notes["ranks_alive"] == [], sc.notes
+    result = summary(sc)
+    assert result["status"] == "failed", result
+    assert "torchrun" in result["reason"], result
+
+
+@pytest.mark.parametrize(
+    "name", ["usr1", "time_limit", "requeue", "usr1_slow", "time_limit_slow", "requeue_slow"]
+)
+def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, name):
+    sc, record = outcome(outcomes, name)
+    result = assert_requeued_and_completed(sc, record, reference)
+    out = slurm_output(sc)
+    if name == "requeue_slow":
+        # KillWait (30 s) ends a save that takes over a minute: Slurm requeues anyway, the job resumes
+        # from the previous complete checkpoint and still completes.
+        assert result["resumed_from"] == 2, result
+    elif name.startswith("time_limit"):
+        # Slurm picks the moment of its warning (a loaded machine may still be starting the ranks, and a
+        # requeued run gets a warning of its own): the job resumes from the save of its last stop
+        assert f"stopping at step {result['resumed_from']} " in out, (result, out)
+    else:
+        # the save at the stop completed: the requeued attempt resumes from it
+        assert result["resumed_from"] == (4 if name.endswith("_slow") else 3), (result, out)
+
+
+def test_plain_scancel_is_a_cancel_not_a_requeue(outcomes, slurm):
+    sc, record = outcome(outcomes, "scancel")
+    out = slurm_output(sc)
+    assert record["JobState"] == "CANCELLED" and int(record["Restarts"]) == 0, (record, out)
+    # bin/train saved and exited after the cancel; nothing it did afterwards may requeue the job
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "[bin/train] preempted" not in out:
+        time.sleep(0.5)  # polling the job's log with a deadline
+        out = slurm_output(sc)
+    assert "[bin/train] preempted" in out, out
+    again = slurm.job(sc.job)
+    assert again["JobState"] == "CANCELLED" and int(again["Restarts"]) == 0, (again, out)
+    result = summary(sc)
+    assert result["status"] == "preempted" and result["last_complete_checkpoint"]["step"] == 3, result
+    assert "requeue" not in out.split("[bin/train] preempted", 1)[1].lower() or "not requeued" in out, out
+
+
+@pytest.mark.parametrize("name,state", [("preflight_usr1", "COMPLETED"), ("preflight_scancel", "CANCELLED")])
+def test_a_stop_during_preflight_is_never_a_failure(outcomes, name, state):
+    sc, record = outcome(outcomes, name)
+    out = slurm_output(sc)
+    assert record["JobState"] == state, (record, out)
+    assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
+    assert "envcheck could not run" not in out, out
+    if state == "COMPLETED":
+        assert int(record["Restarts"]) >= 1 and record["ExitCode"] == "0:0", record
+        assert summary(sc)["status"] == "completed"
+    else:
+        assert int(record["Restarts"]) == 0, record
+
+
+def test_timeline_of_a_preemption_with_a_slow_save(outcomes, reference):
+    """signal -> saved -> requeued -> resumed -> completed, for the README (printed; asserted ordered)."""
+    sc, record = outcome(outcomes, "usr1_slow")
+    assert_requeued_and_completed(sc, record, reference)
+    t = sc.notes["timeline"]
+    print(
+        f"\ntimeline usr1_slow (s after the signal): stop file {sc.notes['signal_to_stop_file_s']:.1f}, {t}"
+    )
+    order = ["released", "saved", "requeued", "resumed", "final"]
+    assert all(k in t for k in order), t
+    assert [t[k] for k in order] == sorted(t[k] for k in order), t
+    assert t["released"] >= SLOW_SAVE_S, t

@@ -1,0 +1,288 @@
+"""The launcher <-> rank protocol: RUN_DIR/attempts/<id>/ and RUN_DIR/summary.json, with typed records.
+
+This module is the one owner of those files; the launcher (trainer/launcher/) and the ranks
+(trainer/train.py) both read and write them only through it. Every write is atomic (provision.atomic).
+
+    RUN_DIR/attempts/<id>/
+        config.json       the resolved, checked RunConfig, written by the launcher before any rank starts;
+                          the ranks load it and nothing else (no YAML is parsed on a rank)
+        rank_<R>.json     RankStatus: running -> completed | preempted | failed (with the error)
+        progress.json     Progress, rank 0, every step: first/last step, last losses, last checkpoint
+        stop              the stop request (exists = every rank stops at its next safe point)
+        node<N>/          torchrun's per-node log dir (error files of failed ranks)
+    RUN_DIR/summary.json  Summary: the honest outcome of the last run (one builder: Summary(...))
+
+Statuses and the launcher's exit codes live here too (documented in the README and `bin/train --help`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provision.atomic import write_json_atomic
+from trainer.config import RunConfig, config_from_dict
+
+SUMMARY_NAME = "summary.json"
+ATTEMPTS_DIR = "attempts"
+CONFIG_NAME = "config.json"
+PROGRESS_NAME = "progress.json"
+STOP_NAME = "stop"
+# A rank whose record cannot be written (a full disk) prints it on stderr behind this prefix instead;
+# the launcher takes such lines out of the stream it shows and reads them as records.
+RECORD_LINE_PREFIX = "[lingbot-record] "
+
+RUNNING = "running"
+COMPLETED = "completed"
+PREEMPTED = "preempted"
+FAILED = "failed"
+PREFLIGHT_FAILED = "preflight_failed"
+STATUSES = (RUNNING, COMPLETED, PREEMPTED, FAILED, PREFLIGHT_FAILED)
+NEVER_STARTED = "never started"  # a rank with no record (only ever a reader's word, never written)
+
+EXIT_OK = 0  # the requested steps are done (also: a re-run of a finished run)
+EXIT_FAILED = 1  # training failed on some rank; the summary names the rank and its error
+EXIT_USAGE = 2  # bad command line or config (unknown config, bad --set); nothing written
+EXIT_PREFLIGHT = 3  # env missing/incomplete, a preflight check failed, run dir not writable
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; resume me
+EXIT_CODES: dict[str, int | None] = {
+    RUNNING: None,  # an attempt in progress has no exit code yet
+    COMPLETED: EXIT_OK,
+    FAILED: EXIT_FAILED,
+    PREFLIGHT_FAILED: EXIT_PREFLIGHT,
+    PREEMPTED: EXIT_PREEMPTED,
+}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that are fields of dataclass `cls` (older or newer writers may differ)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    path: str
+
+    @classmethod
+    def of(cls, info: Any) -> CheckpointRef | None:
+        """From a trainer.checkpoint.CheckpointInfo (or None)."""
+        return cls(info.step, str(info.path)) if info is not None else None
+
+
+def parse_record_line(line: str) -> dict[str, Any] | None:
+    """A rank record printed on stderr (RECORD_LINE_PREFIX + JSON), or None for any other line."""
+    if not line.startswith(RECORD_LINE_PREFIX):
+        return None
+    try:
+        data = json.loads(line[len(RECORD_LINE_PREFIX) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("rank"), int) else None
+
+
+@dataclass
+class RankStatus:
+    """rank_<R>.json: how far one rank got, for the launcher's verdict."""
+
+    rank: int
+    status: str
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+    time: float = field(default_factory=time.time)
+    step: int | None = None
+    error: str | None = None
+    traceback: str | None = None
+    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport when a write ran out of space
+
+
+@dataclass
+class Progress:
+    """progress.json: rank 0's view after every step (what a launcher reports if rank 0 dies)."""
+
+    first_step: int | None = None
+    last_step: int | None = None
+    final_losses: dict[str, float] | None = None
+    resumed_from: int | None = None
+    last_complete_checkpoint: dict[str, Any] | None = None
+
+
+@dataclass
+class Summary:
+    """RUN_DIR/summary.json, one schema for every outcome; every key is always present (None if unknown)."""
+
+    status: str
+    steps_requested: int
+    exit_code: int | None = None  # None: the status's own exit code (EXIT_CODES)
+    reason: str | None = None
+    attempt: str | None = None
+    config: str | None = None
+    first_step: int | None = None  # first and last step run in this attempt
+    last_step: int | None = None
+    resumed_from: int | None = None
+    last_complete_checkpoint: dict[str, Any] | None = None  # {step, path}
+    final_losses: dict[str, float] | None = None  # {loss, latent_loss, action_loss}
+    wall_time_s: float | None = None
+    timing: dict[str, Any] | None = None  # per-phase summary from trainer.timing
+    failed_rank: int | None = None
+    rank_error: str | None = None
+    world_size: int | None = None
+    nnodes: int | None = None
+    torchrun_exit_code: int | None = None
+    notes: list[str] | None = None
+    env: dict[str, Any] | None = None  # {prefix, provisioned}
+    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
+    previous_status: str | None = None
+    previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
+    written_at: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}; expected one of {STATUSES}")
+        if self.exit_code is None:
+            self.exit_code = EXIT_CODES[self.status]
+
+    def to_json(self, stamp: bool = True) -> dict[str, Any]:
+        """As written to summary.json; `stamp` sets written_at to now (False: as read)."""
+        data = dataclasses.asdict(self)
+        if stamp:
+            data["written_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Summary | None:
+        try:
+            return cls(**_known(cls, data))
+        except (TypeError, ValueError):
+            return None
+
+
+def summary_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SUMMARY_NAME
+
+
+def read_summary(run_dir: Path) -> Summary | None:
+    """The current summary, or None when there is none (or it is unreadable)."""
+    data = _read_json(summary_path(run_dir))
+    return Summary.from_json(data) if data is not None else None
+
+
+def write_summary(run_dir: Path, summary: Summary) -> Path:
+    path = summary_path(run_dir)
+    write_json_atomic(path, summary.to_json())
+    return path
+
+
+class Attempt:
+    """One attempt's directory, RUN_DIR/attempts/<id>/ (the id is the directory's name)."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+
+    @classmethod
+    def of_run(cls, run_dir: Path, attempt_id: str) -> Attempt:
+        return cls(Path(run_dir) / ATTEMPTS_DIR / attempt_id)
+
+    @property
+    def id(self) -> str:
+        return self.dir.name
+
+    @property
+    def stop_file(self) -> Path:
+        return self.dir / STOP_NAME
+
+    def node_log_dir(self, node_rank: int) -> Path:
+        return self.dir / f"node{node_rank}"
+
+    def used(self) -> bool:
+        """True when another launch already left files here (reusing them would forge the verdict).
+        config.json and the node<N>/ log dirs do not count: every node of this attempt writes them, and
+        with several nodes another one may get there first."""
+        if not self.dir.exists():
+            return False
+        return any(p.name != CONFIG_NAME and not p.name.startswith("node") for p in self.dir.iterdir())
+
+    # the config: written once by the launcher, read by every rank
+    def write_config(self, cfg: RunConfig) -> Path:
+        path = self.dir / CONFIG_NAME
+        write_json_atomic(path, cfg.to_dict())
+        return path
+
+    def read_config(self) -> RunConfig:
+        path = self.dir / CONFIG_NAME
+        return config_from_dict(json.loads(path.read_text()), source=str(path))
+
+    # rank records
+    def rank_path(self, rank: int) -> Path:
+        return self.dir / f"rank_{rank}.json"
+
+    def write_rank(self, record: RankStatus) -> bool:
+        """Write rank_<R>.json; when that fails (a full disk), print it as a record line on stderr.
+        Returns whether the file was written."""
+        record.time = time.time()
+        data = dataclasses.asdict(record)
+        try:
+            write_json_atomic(self.rank_path(record.rank), data)
+            return True
+        except OSError:
+            sys.stderr.write(RECORD_LINE_PREFIX + json.dumps(data) + "\n")
+            sys.stderr.flush()
+            return False
+
+    def read_rank(self, rank: int, fallback: dict[int, dict[str, Any]] | None = None) -> RankStatus | None:
+        """The rank's record; a record line from its stderr (`fallback`, by rank) when newer or alone."""
+        data = _read_json(self.rank_path(rank))
+        line = (fallback or {}).get(rank)
+        if line is not None and (
+            data is None or float(line.get("time") or 0) >= float(data.get("time") or 0)
+        ):
+            data = line
+        if data is None:
+            return None
+        try:
+            return RankStatus(**_known(RankStatus, data))
+        except TypeError:
+            return None
+
+    # progress
+    def write_progress(self, progress: Progress) -> None:
+        write_json_atomic(self.dir / PROGRESS_NAME, dataclasses.asdict(progress))
+
+    def read_progress(self) -> Progress:
+        data = _read_json(self.dir / PROGRESS_NAME) or {}
+        return Progress(**_known(Progress, data))
+
+    # the stop request
+    def request_stop(self) -> None:
+        self.stop_file.touch()
+
+    def stop_requested(self) -> bool:
+        return self.stop_file.exists()
+
+
+def prune_attempts(run_dir: Path, keep: int) -> None:
+    """Keep the `keep` most recently touched attempt directories."""
+    import shutil
+
+    root = Path(run_dir) / ATTEMPTS_DIR
+    if not root.is_dir():
+        return
+    attempts = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in attempts[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,146 @@
+"""Out of space or quota (ENOSPC / EDQUOT): one typed error, said in one line, for ranks and launcher.
+
+Contract:
+- `OutOfSpace(what, path, needed)` is what any writer (checkpoint save, summary, metrics/log, latent
+  cache in trainer/data, ...) raises when the filesystem is full; `guard(path, what, needed)` turns an
+  ENOSPC/EDQUOT OSError inside its block into one. `find_out_of_space(exc)` recognises one anywhere in an
+  exception's chain, including DCP's CheckpointException (which wraps the failing rank's error).
+- `OutOfSpace.line()` is the one line the user sees: the filesystem (mount point, type), the path, the
+  free space, the size it needed, and the fix. `to_json` / `from_json` carry it in a rank record.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def human(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _filesystem(path: Path) -> tuple[str, str, int | None]:
+    """(mount point, fstype, free bytes) of the filesystem holding `path` (or its nearest parent)."""
+    from provision.nodeinfo import free_bytes, mount_of
+
+    try:
+        mount = mount_of(path)
+        point, fstype = mount.mount_point, mount.fstype
+    except (OSError, ValueError):
+        point, fstype = "?", "?"
+    try:
+        free: int | None = free_bytes(path)
+    except OSError:
+        free = None
+    return point, fstype, free
+
+
+@dataclass
+class SpaceReport:
+    what: str  # "checkpoint save", "summary write", "metrics write", "latent cache", ...
+    path: str
+    needed: int | None  # bytes the write needed (an estimate where the writer knows one)
+    free: int | None
+    mount_point: str
+    fstype: str
+    quota: bool  # EDQUOT (a quota) rather than ENOSPC (the filesystem itself)
+
+
+class OutOfSpace(OSError):
+    """A write ran out of space or quota; `report` says where and how much."""
+
+    def __init__(
+        self, what: str, path: str | os.PathLike[str], needed: int | None = None, quota: bool = False
+    ):
+        point, fstype, free = _filesystem(Path(path))
+        self.report = SpaceReport(what, os.fspath(path), needed, free, point, fstype, quota)
+        super().__init__(errno.EDQUOT if quota else errno.ENOSPC, self.line())
+
+    @classmethod
+    def of(cls, report: SpaceReport) -> OutOfSpace:
+        exc = cls.__new__(cls)
+        exc.report = report
+        OSError.__init__(exc, errno.EDQUOT if report.quota else errno.ENOSPC, exc.line())
+        return exc
+
+    def line(self, keep: int | None = None) -> str:
+        r = self.report
+        limit = "quota exceeded" if r.quota else "out of space"
+        keep_text = f" (now {keep})" if keep is not None else ""
+        return (
+            f"{limit} on {r.mount_point} ({r.fstype}) during the {r.what} of {r.path}: {human(r.free)} free, "
+            f"needed {human(r.needed)}; fix: free space there, lower checkpoint.keep{keep_text}, "
+            f"or move --run-dir to a filesystem with room"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self.report)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> OutOfSpace | None:
+        try:
+            return cls.of(SpaceReport(**data))
+        except TypeError:
+            return None
+
+
+def is_space_error(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in SPACE_ERRNOS
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        stack += [e for e in (current.__cause__, current.__context__) if e is not None]
+        failures = getattr(current, "failures", None)  # DCP's CheckpointException: {rank: (exc, tb)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                inner = failure[0] if isinstance(failure, tuple) else failure
+                if isinstance(inner, BaseException):
+                    stack.append(inner)
+
+
+def find_out_of_space(exc: BaseException, what: str, path: str | os.PathLike[str]) -> OutOfSpace | None:
+    """The OutOfSpace in `exc`'s chain, or one made from an ENOSPC/EDQUOT OSError there; else None."""
+    for cause in _causes(exc):
+        if isinstance(cause, OutOfSpace):
+            return cause
+    for cause in _causes(exc):
+        if is_space_error(cause):
+            assert isinstance(cause, OSError)
+            where = cause.filename or path
+            return OutOfSpace(what, where, quota=cause.errno == errno.EDQUOT)
+    return None
+
+
+@contextmanager
+def guard(path: str | os.PathLike[str], what: str, needed: int | None = None) -> Iterator[None]:
+    """Inside the block an ENOSPC/EDQUOT OSError becomes OutOfSpace(what, path, needed)."""
+    try:
+        yield
+    except OutOfSpace:
+        raise
+    except OSError as exc:
+        if not is_space_error(exc):
+            raise
+        raise OutOfSpace(what, exc.filename or path, needed, quota=exc.errno == errno.EDQUOT) from exc

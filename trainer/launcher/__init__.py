@@ -1,0 +1,16 @@
+"""The launcher side of bin/train: runs in the tool env (.venv) or any env with this checkout, owns the
+processes and the signals, never imports torch's training stack at module level.
+
+    cli.py            the command line (argparse) and its exit code 2
+    envchoice.py      which env the ranks run in (--env/--prefix, $CONDA_PREFIX, default, tool env)
+    preflight.py      checks before any rank starts: run dir, bin/envcheck --fast, disk space
+    rendezvous.py     torchrun's static rendezvous from flags, Slurm's variables, or one node
+    compile_cache.py  node-local copies of Triton/Inductor caches on network filesystems
+    supervise.py      torchrun as a child, stop signals -> the attempt's stop request, scontrol requeue
+    verdict.py        the outcome from what the ranks recorded (not from torchrun's exit status alone)
+    sbatch.py         `bin/train --sbatch`: the batch script for the same run
+    main.py           the order of the above, the summaries the launcher writes, the messages
+
+The rank side (provisioned env, model, loop) is trainer/train.py and the modules it imports; the two
+sides talk only through RUN_DIR/attempts/<id>/ (trainer/attempt.py).
+"""

@@ -1,0 +1,100 @@
+"""bin/train's command line: what it accepts, and an argparse error (exit 2) for anything else.
+
+bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=value ...]
+          [--cpu-scale | --no-cpu-scale] [--nnodes N --node-rank R --master-addr A --master-port P]
+          [--require-env] [--preflight-only] [--env-checked] [--no-requeue]
+          [--sbatch [FILE] [--time T] [--partition P] [--account A] [--cpus-per-task C]
+                   [--gpus-per-node G] [--signal-lead S]]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bin/train",
+        description=(
+            "Train CONFIG on NPROC ranks per node with torchrun; auto-resumes, survives preemption."
+        ),
+        epilog=(
+            "exit codes: 0 done, 1 failed, 2 bad usage/config, 3 preflight failed, 75 preempted (resume me)"
+        ),
+    )
+    parser.add_argument("config", help="a config name from trainer/configs/ (e.g. furniture_train)")
+    parser.add_argument("nproc", type=_positive_int, help="ranks per node (GPUs per node on a GPU machine)")
+    env = parser.add_mutually_exclusive_group()
+    env.add_argument("--env", metavar="NAME", help="a provisioned env under conda's envs dir")
+    env.add_argument("--prefix", metavar="P", type=Path, help="a provisioned env by path")
+    parser.add_argument("--run-dir", type=Path, help="default: runs/<config> in the repo")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
+    )
+    parser.add_argument(
+        "--cpu-scale",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="use the config's cpu_scale block (default: only when no GPU is found)",
+    )
+    parser.add_argument("--nnodes", type=_positive_int, help="default: $SLURM_NNODES, else 1")
+    parser.add_argument("--node-rank", type=int, help="default: $SLURM_NODEID, else 0")
+    parser.add_argument("--master-addr", help="default: $MASTER_ADDR, else the job's first Slurm node")
+    parser.add_argument("--master-port", type=int, help="default: $MASTER_PORT, else derived from the job id")
+    parser.add_argument(
+        "--no-requeue",
+        action="store_true",
+        help="under Slurm, do not requeue after a SIGUSR1 stop (SIGTERM never requeues: Slurm decides)",
+    )
+    parser.add_argument(
+        "--require-env",
+        action="store_true",
+        help="fail preflight (exit 3) rather than fall back to the tool env when no provisioned env is found",
+    )
+    parser.add_argument(
+        "--env-checked",
+        action="store_true",
+        help="skip bin/envcheck's compile checks (the sbatch script's step 2: step 1 ran them on this node)",
+    )
+    parser.add_argument(
+        "--preflight-only",
+        action="store_true",
+        help="run the preflight (env choice, checks), then exit 0 (passed) or 3 (the sbatch script's step 1)",
+    )
+    parser.add_argument(
+        "--sbatch",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print (or write to FILE) a ready sbatch script for this run instead of running it",
+    )
+    parser.add_argument("--time", default="24:00:00", help="--sbatch: the job's time limit")
+    parser.add_argument("--partition", help="--sbatch: Slurm partition")
+    parser.add_argument("--account", help="--sbatch: Slurm account")
+    parser.add_argument(
+        "--cpus-per-task", type=_positive_int, help="--sbatch: CPUs for each node's task (default: NPROC)"
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="--sbatch: GPUs to request per node (default: NPROC, or none with --cpu-scale; 0: none)",
+    )
+    parser.add_argument(
+        "--signal-lead",
+        type=_positive_int,
+        default=120,
+        metavar="S",
+        help="--sbatch: seconds before the time limit Slurm sends USR1 (save + requeue); longer than a save",
+    )
+    return parser.parse_args(argv)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value

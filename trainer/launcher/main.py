@@ -1,0 +1,470 @@
+"""bin/train: choose the env, preflight, run torchrun, and report the outcome honestly.
+
+The same path on one node and many: torchrun (`python -m torch.distributed.run` from the env's python)
+with a static rendezvous, its parameters taken from the flags, else Slurm's variables, else one node.
+
+Exit codes (also in summary.json as exit_code):
+     0  the requested steps are done (also: a re-run of a finished run, which trains nothing)
+     1  training failed; the summary names the failing rank and its error
+     2  bad command line or config (unknown config, bad --set): nothing is written
+     3  preflight failed (env missing or incomplete, a check failed, run dir not writable, checkpoint
+        incompatible with the config): no rank started, no checkpoint touched
+    75  stopped by a signal (SIGUSR1/SIGTERM/SIGINT/SIGHUP): a checkpoint was saved (or, before any
+        rank started, nothing was trained); run the same command again to resume. Under Slurm, node 0
+        requeues the job after SIGUSR1 only (the time-limit warning, `scancel --batch --signal=USR1`);
+        after SIGTERM (scancel, scontrol requeue, preemption) Slurm's own decision stands
+        (supervise.requeue_wanted is the rule)
+
+The order: load and check the config -> preflight (run dir, rendezvous, resume compatibility, env,
+envcheck) -> the attempt directory with the resolved config (config.json) -> torchrun -> the verdict
+-> summary.json -> one message and the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from provision.paths import repo_root
+from trainer import attempt as proto
+from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
+from trainer.checkpoint import resume_conflicts, scan
+from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
+from trainer.diskspace import OutOfSpace, guard
+from trainer.launcher import early, supervise
+from trainer.launcher.cli import parse_args
+from trainer.launcher.compile_cache import localise_compile_caches
+from trainer.launcher.console import say
+from trainer.launcher.envchoice import DEFAULT_ENV, EnvChoice, gpu_count, job_environment, resolve_env
+from trainer.launcher.errors import PreflightError, StopBeforeStart
+from trainer.launcher.preflight import check_run_dir, env_checks
+from trainer.launcher.rendezvous import Rendezvous, rendezvous
+from trainer.launcher.verdict import Verdict, verdict
+
+KEEP_ATTEMPTS = 10
+
+
+@dataclass
+class Known:
+    """What is resolved so far: for the summary of an early stop."""
+
+    run_dir: Path | None = None
+    cfg: RunConfig | None = None
+
+
+@dataclass
+class Launch:
+    """Everything preflight resolved: what torchrun runs with."""
+
+    cfg: RunConfig
+    run_dir: Path
+    rdzv: Rendezvous
+    world_size: int
+    choice: EnvChoice
+    env: dict[str, str]
+    cpu_scale: bool
+
+
+def default_run_dir(config: str) -> Path:
+    return repo_root() / "runs" / config
+
+
+def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
+    """torchrun with the static rendezvous; each rank loads the attempt's config.json and nothing else."""
+    rdzv = launch.rdzv
+    return [
+        str(launch.choice.python), "-m", "torch.distributed.run",
+        "--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank), "--nproc-per-node", str(nproc),
+        "--master-addr", rdzv.master_addr, "--master-port", str(rdzv.master_port),
+        "--rdzv-id", rdzv.attempt, "--max-restarts", "0",
+        "--log-dir", str(attempt.node_log_dir(rdzv.node_rank)),
+        "-m", "trainer.train", "--run-dir", str(launch.run_dir), "--attempt-dir", str(attempt.dir),
+    ]  # fmt: skip
+
+
+def _ckpt_json(info: object) -> dict[str, object] | None:
+    ref = proto.CheckpointRef.of(info)
+    return dataclasses.asdict(ref) if ref else None
+
+
+def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float) -> int:
+    """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
+    say(f"preflight failed: {message}")
+    before = proto.read_summary(run_dir)
+    previous = before.to_json(stamp=False) if before else None
+    if before and before.status == proto.PREFLIGHT_FAILED:
+        previous = before.previous  # keep the last run that trained, not a chain of failures
+    complete, _ = scan(run_dir / "checkpoints")
+    try:
+        proto.write_summary(
+            run_dir,
+            Summary(
+                proto.PREFLIGHT_FAILED,
+                steps_requested=cfg.train.steps,
+                reason=message,
+                last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
+                wall_time_s=time.perf_counter() - started,
+                previous_status=previous.get("status") if previous else None,
+                previous=previous,  # the last real run's outcome (losses, steps) is kept, not overwritten
+                config=cfg.name,
+            ),
+        )
+    except OSError as exc:
+        say(f"could not write the summary: {exc}")
+    return EXIT_PREFLIGHT
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    known = Known()
+
+    def stop_before_start(signum: int, frame: FrameType | None) -> None:
+        raise StopBeforeStart(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop_before_start) for sig in supervise.FORWARDED_SIGNALS}
+    try:
+        came_early = early.pending()  # arrived before our handlers: recorded by bin/train or launch.py
+        if came_early:
+            raise StopBeforeStart(came_early)
+        return _main(args, started, known)
+    except StopBeforeStart as exc:
+        say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED})")
+        environ = dict(os.environ)
+        if environ.get("SLURM_JOB_ID") and int(environ.get("SLURM_NODEID") or 0) == 0:
+            say(supervise.slurm_after_stop([str(exc)], environ, args.no_requeue))
+        if known.cfg is not None and known.run_dir is not None and known.run_dir.is_dir():
+            proto.write_summary(
+                known.run_dir,
+                Summary(
+                    proto.PREEMPTED,
+                    steps_requested=known.cfg.train.steps,
+                    reason=f"received {exc} before any rank started",
+                    wall_time_s=time.perf_counter() - started,
+                    config=known.cfg.name,
+                ),
+            )
+        return EXIT_PREEMPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool]:
+    """The checked config (ConfigError: exit 2), and whether its cpu_scale block applies."""
+    # On a machine without a GPU the config's cpu_scale block applies unless asked otherwise.
+    cpu_scale = args.cpu_scale if args.cpu_scale is not None else (args.sbatch is None and gpus == 0)
+    cfg = load_config(args.config, cpu_scale=cpu_scale, overrides=parse_set(args.set))
+    return cfg, cpu_scale
+
+
+def _main(args: argparse.Namespace, started: float, known: Known) -> int:
+    environ = dict(os.environ)
+    gpus = 0 if args.sbatch is not None else gpu_count()
+    try:
+        cfg, cpu_scale = _load(args, gpus)
+    except ConfigError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    if args.sbatch is not None:
+        return write_sbatch(args)
+    config_file = CONFIG_DIR / f"{args.config}.yaml"
+    if cpu_scale and args.cpu_scale is None:
+        say(
+            f"no GPU found: running the cpu_scale variant of {config_file} ({cfg.train.steps} steps, "
+            f"dim {cfg.model.dim}, depth {cfg.model.depth}); --no-cpu-scale runs the full config"
+        )
+    elif cpu_scale:
+        say(f"--cpu-scale: running the cpu_scale variant of {config_file}")
+    run_dir = (args.run_dir or default_run_dir(args.config)).absolute()
+    known.run_dir, known.cfg = run_dir, cfg
+
+    # A finished run stays finished: say so, train nothing.
+    complete, _ = scan(run_dir / "checkpoints")
+    if complete and complete[-1].step >= cfg.train.steps:
+        _settle_finished_run(run_dir, cfg, complete[-1], started)
+        say(
+            f"run complete: {complete[-1].path} is step {complete[-1].step} of {cfg.train.steps}; "
+            f"nothing to train (summary: {proto.summary_path(run_dir)}; "
+            "raise train.steps with --set to train further)"
+        )
+        return EXIT_OK
+
+    try:
+        check_run_dir(run_dir)
+    except PreflightError as exc:
+        say(f"preflight failed: {exc}")
+        return EXIT_PREFLIGHT
+    try:
+        launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
+        if args.preflight_only:
+            say(f"preflight passed on {socket.gethostname()} (--preflight-only: no rank started)")
+            return EXIT_OK
+        attempt = _prepare_attempt(launch, args.nproc, environ)
+    except (PreflightError, OSError, ValueError) as exc:
+        return preflight_failed(run_dir, cfg, str(exc), started)
+    return _run(launch, attempt, args, environ, started)
+
+
+def _settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
+    """The last checkpoint is the requested step, but summary.json does not say completed (an attempt
+    died after that save, e.g. out of space while writing the summary): make it say so."""
+    before = proto.read_summary(run_dir)
+    if before is not None and before.status == proto.COMPLETED:
+        return
+    try:
+        losses = latest.train_state().get("losses")
+        proto.write_summary(
+            run_dir,
+            Summary(
+                proto.COMPLETED,
+                steps_requested=cfg.train.steps,
+                reason=f"checkpoint step {latest.step} is complete; summary.json said "
+                f"{before.status if before else 'nothing'} (an attempt ended after that save)",
+                last_complete_checkpoint=_ckpt_json(latest),
+                final_losses=losses,
+                wall_time_s=time.perf_counter() - started,
+                config=cfg.name,
+                previous_status=before.status if before else None,
+                previous=before.to_json(stamp=False) if before else None,
+            ),
+        )
+    except (OSError, ValueError) as exc:
+        say(f"could not update {proto.summary_path(run_dir)}: {exc}")
+
+
+def _preflight(
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    run_dir: Path,
+    environ: dict[str, str],
+    gpus: int,
+    cpu_scale: bool,
+) -> Launch:
+    """Rendezvous, resume compatibility, the env and its checks; PreflightError when a rank must not start."""
+    rdzv = rendezvous(args, environ)
+    world_size = rdzv.nnodes * args.nproc
+    if gpus and args.nproc > gpus:
+        raise PreflightError(f"NPROC {args.nproc} is more than the {gpus} GPUs on this node")
+    complete, _ = scan(run_dir / "checkpoints")
+    if complete:
+        conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
+        if conflicts:
+            raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+    if args.preflight_only:
+        supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
+    choice = resolve_env(args.env, args.prefix, environ)
+    if not choice.provisioned and args.require_env:
+        raise PreflightError(
+            f"--require-env: no provisioned env found ({choice.why}); provision one with "
+            f"bin/provision {DEFAULT_ENV}, or name it with --env/--prefix"
+        )
+    if not choice.provisioned:
+        say(f"no provisioned env found; running in the tool environment {choice.prefix} "
+            f"(provision one with bin/provision {DEFAULT_ENV})")  # fmt: skip
+        if choice.why:
+            say(f"  looked at: {choice.why}")
+    else:
+        say(f"env {choice.prefix} ({choice.why})")
+    env = job_environment(choice, environ)
+    if args.env_checked:
+        say("env checks: skipped (--env-checked: the job's --preflight-only step ran them on this node)")
+    else:
+        for note in env_checks(choice, env):
+            say(note)
+    return Launch(cfg, run_dir, rdzv, world_size, choice, env, cpu_scale)
+
+
+def _prepare_attempt(launch: Launch, nproc: int, environ: dict[str, str]) -> Attempt:
+    """Compile caches, thread count, and the attempt directory holding the resolved config."""
+    env, rdzv = launch.env, launch.rdzv
+    job = environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
+    scratch = Path(environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or tempfile.gettempdir())
+    for note in localise_compile_caches(env, scratch, job):
+        say(note)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+
+    attempt = Attempt.of_run(launch.run_dir, rdzv.attempt)
+    if rdzv.node_rank == 0 and attempt.used():
+        # its stop file and rank records belong to another launch: reusing them would forge the verdict
+        raise PreflightError(
+            f"attempt {rdzv.attempt} already ran in {attempt.dir}; set LINGBOT_ATTEMPT_ID to a new value "
+            f"(under Slurm: run bin/train once per srun step)"
+        )
+    attempt.dir.mkdir(parents=True, exist_ok=True)
+    attempt.write_config(launch.cfg)  # every node writes the same bytes: the config it checked
+    if rdzv.node_rank == 0:  # before any rank starts: a run that dies in any way never leaves `completed`
+        write_running_summary(launch, attempt)
+    return attempt
+
+
+def write_running_summary(launch: Launch, attempt: Attempt) -> None:
+    before = proto.read_summary(launch.run_dir)
+    previous = before.to_json(stamp=False) if before else None
+    if before and before.status in (proto.PREFLIGHT_FAILED, proto.RUNNING) and before.previous:
+        previous = before.previous  # the last attempt that got further than this
+    proto.write_summary(
+        launch.run_dir,
+        Summary(
+            proto.RUNNING,
+            steps_requested=launch.cfg.train.steps,
+            reason=f"attempt {attempt.id} is in progress (or died without a verdict)",
+            attempt=attempt.id,
+            config=launch.cfg.name,
+            nnodes=launch.rdzv.nnodes,
+            world_size=launch.world_size,
+            previous_status=before.status if before else None,
+            previous=previous,
+        ),
+    )
+
+
+def _run(
+    launch: Launch, attempt: Attempt, args: argparse.Namespace, environ: dict[str, str], started: float
+) -> int:
+    proto.prune_attempts(launch.run_dir, keep=KEEP_ATTEMPTS)
+    launch.env["LINGBOT_ATTEMPT_DIR"] = str(attempt.dir)
+    command = torchrun_command(launch, args.nproc, attempt)
+    rdzv = launch.rdzv
+    say(f"run dir {launch.run_dir}; attempt {rdzv.attempt}; {rdzv.nnodes} node(s) x {args.nproc} rank(s)")
+    say("$ " + shlex.join(command))
+
+    torchrun = supervise.Torchrun(command, launch.env, attempt)
+    rc = torchrun.wait()
+    result = verdict(
+        launch.world_size,
+        args.nproc,
+        attempt,
+        launch.run_dir,
+        rc,
+        list(torchrun.stderr_tail),
+        torchrun.record_lines,
+    )
+    if torchrun.killed_note and result.status == proto.FAILED:
+        # the ranks did not fail: torchrun itself was killed, and the launcher stopped them
+        result.reason, result.failed_rank, result.rank_error = torchrun.killed_note, None, None
+    if torchrun.signals and result.status == proto.COMPLETED:
+        result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
+    exit_code = proto.EXIT_CODES[result.status]
+    assert exit_code is not None
+    if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
+        exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
+    _report(launch, result, args, environ, torchrun.signals)
+    return exit_code
+
+
+def _report(
+    launch: Launch, result: Verdict, args: argparse.Namespace, environ: dict[str, str], signals: list[str]
+) -> None:
+    for note in result.notes:
+        say(note)
+    summary = proto.summary_path(launch.run_dir)
+    if result.status == proto.COMPLETED:
+        say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
+    elif result.status == proto.PREEMPTED:
+        say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
+        if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
+            say(supervise.slurm_after_stop(signals, environ, args.no_requeue))
+    elif result.out_of_space:
+        say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed, the fix
+    else:
+        say(f"FAILED: {result.reason}")
+        if result.rank_error and result.rank_error.strip() != (result.reason or "").strip():
+            say("error of that rank:\n" + result.rank_error.rstrip())
+        say(f"summary {summary}; the next run resumes from the last complete checkpoint")
+
+
+def write_final_summary(
+    launch: Launch, attempt: Attempt, result: Verdict, rc: int, exit_code: int, started: float
+) -> bool:
+    """summary.json as the launcher sees the outcome: rank 0's summary (if this attempt wrote one) plus
+    the verdict, the exit code, torchrun's exit status and the launcher's wall time. False (said on
+    stderr) when it cannot be written: summary.json then still says `running`, never a success."""
+    base = proto.read_summary(launch.run_dir)
+    if base is None or base.attempt != attempt.id or base.status == proto.RUNNING:  # rank 0 wrote none
+        progress = attempt.read_progress()
+        complete, _ = scan(launch.run_dir / "checkpoints")
+        base = Summary(
+            result.status,
+            steps_requested=launch.cfg.train.steps,
+            first_step=progress.first_step,
+            last_step=progress.last_step,
+            resumed_from=progress.resumed_from,
+            final_losses=progress.final_losses,
+            last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
+        )
+    summary = dataclasses.replace(
+        base,
+        status=result.status,
+        steps_requested=launch.cfg.train.steps,
+        reason=result.reason,
+        exit_code=exit_code,
+        failed_rank=result.failed_rank,
+        rank_error=result.rank_error,
+        wall_time_s=time.perf_counter() - started,
+        torchrun_exit_code=rc,
+        notes=result.notes,
+        out_of_space=result.out_of_space,
+        attempt=attempt.id,
+        nnodes=launch.rdzv.nnodes,
+        world_size=launch.world_size,
+        env={"prefix": str(launch.choice.prefix), "provisioned": launch.choice.provisioned},
+        config=launch.cfg.name,
+    )
+    try:
+        with guard(proto.summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
+            proto.write_summary(launch.run_dir, summary)
+    except OSError as exc:
+        line = exc.line(launch.cfg.checkpoint.keep) if isinstance(exc, OutOfSpace) else str(exc)
+        say(f"could not write the summary ({result.status}, exit {exit_code}): {line}")
+        return False
+    return True
+
+
+def write_sbatch(args: argparse.Namespace) -> int:
+    from trainer.launcher.sbatch import SbatchPathError, SbatchRequest
+    from trainer.launcher.sbatch import write_sbatch as write_script
+
+    request = SbatchRequest(
+        config=args.config,
+        nproc=args.nproc,
+        repo_root=repo_root(),
+        nnodes=args.nnodes or 1,
+        time_limit=args.time,
+        partition=args.partition,
+        account=args.account,
+        env_name=args.env,
+        prefix=args.prefix,
+        require_env=args.require_env,
+        run_dir=args.run_dir,
+        sets=list(args.set),
+        cpu_scale=args.cpu_scale,
+        cpus_per_task=args.cpus_per_task,
+        gpus_per_node=args.gpus_per_node,
+        signal_lead_s=args.signal_lead,
+    )
+    try:
+        script, path = write_script(request, args.sbatch)
+    except SbatchPathError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    if path is None:
+        sys.stdout.write(script)
+    else:
+        say(f"wrote {path}; submit it with: sbatch {path}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

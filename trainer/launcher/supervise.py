@@ -1,0 +1,238 @@
+"""torchrun as the launcher's child, and the stop signals: the launcher owns processes and signals.
+
+A stop signal (SIGTERM, SIGUSR1, SIGINT, SIGHUP) to the launcher becomes the attempt's stop request plus
+a SIGUSR1 to every rank. torchrun is never the one that acts on a stop, even when it is signalled too
+(under Slurm, srun and slurmstepd signal every process of the step, torchrun included):
+- torchrun starts with SIGTERM, SIGUSR1 and SIGINT ignored and its --signals-to-handle limited to
+  SIGHUP,SIGQUIT (PET_SIGNALS_TO_HANDLE). Otherwise SIGUSR1 kills it (no handler: exit -10, the
+  ranks orphaned mid-save) and SIGTERM makes it raise SignalException (a 30-line traceback) and
+  SIGKILL the ranks 30 s later.
+  The ranks inherit the ignored dispositions until trainer/rank.py installs its own stop handlers.
+- torchrun's parent-death signal is SIGHUP, which it does handle: if the launcher dies (kill -9 too),
+  torchrun stops its ranks and exits.
+- The launcher is a child subreaper: if torchrun dies (kill -9), its ranks become the launcher's
+  children, and the launcher SIGKILLs and reaps them before the verdict. No rank trains on as an orphan,
+  and none can write a summary that contradicts the launcher's.
+
+Under Slurm (requeue_wanted is the rule; the README's exit-code section says it):
+- SIGUSR1 (the time-limit warning `--signal=B:USR1@N`, or `scancel --batch --signal=USR1`) means
+  "checkpoint and come back": after the save, node 0 runs `scontrol requeue`.
+- SIGTERM (scancel, scontrol requeue, PreemptMode=REQUEUE/CANCEL, the time limit itself) is Slurm
+  acting: save within KillWait, exit 75, never requeue: a cancel stays cancelled, a requeue is Slurm's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
+
+from trainer.attempt import Attempt, parse_record_line
+from trainer.launcher.console import say
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+
+
+# Signals torchrun ignores (the launcher acts on them) and the ones it may handle itself.
+TORCHRUN_IGNORES = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+TORCHRUN_HANDLES = "SIGHUP,SIGQUIT"
+TORCHRUN_DEATH_SIGNAL = signal.SIGHUP
+REQUEUE_SIGNALS = frozenset({"SIGUSR1"})
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> int:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    return int(libc.prctl(option, value, 0, 0, 0))
+
+
+def _torchrun_preexec() -> None:
+    """In the child, before exec: ignore the stop signals; SIGHUP when the launcher dies (kill -9 too)."""
+    for sig in TORCHRUN_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    _prctl(PR_SET_PDEATHSIG, TORCHRUN_DEATH_SIGNAL)
+
+
+def torchrun_environment(env: dict[str, str]) -> dict[str, str]:
+    """torchrun's environment: it registers its terminating handler only for SIGHUP and SIGQUIT.
+    (PET_SIGNALS_TO_HANDLE is torchrun's --signals-to-handle, whose default SIGTERM,SIGINT,SIGHUP,SIGQUIT
+    it copies into TORCHELASTIC_SIGNALS_TO_HANDLE; the ignored dispositions alone would be overridden.)"""
+    return {
+        **env,
+        "PET_SIGNALS_TO_HANDLE": TORCHRUN_HANDLES,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": TORCHRUN_HANDLES,
+    }
+
+
+class Torchrun:
+    """torchrun as a child in its own session; stop requests go to the ranks, not to torchrun itself
+    (torchrun answers SIGTERM by signalling the ranks and SIGKILLing them 30 s later, mid-save)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], attempt: Attempt):
+        self.attempt = attempt
+        self.signals: list[str] = []
+        self.stderr_tail: deque[str] = deque(maxlen=400)
+        self.record_lines: dict[int, dict[str, Any]] = {}  # rank records a rank could only print (disk full)
+        self.proc: subprocess.Popen[str] | None = None
+        self.killed_note: str | None = None  # set when torchrun itself was killed (see wait)
+        for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
+            signal.signal(sig, self.request_stop)
+        self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0  # orphaned ranks come back to us
+        self.proc = subprocess.Popen(
+            command, env=torchrun_environment(env), stderr=subprocess.PIPE, text=True, errors="replace",
+            start_new_session=True, preexec_fn=_torchrun_preexec,
+        )  # fmt: skip
+        # The pump thread must never take a stop signal: the kernel may deliver a process-directed signal
+        # to any thread that does not block it, and then the main thread, blocked in waitpid, would not
+        # run the handler until torchrun exits. The thread inherits the mask set around its start.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        try:
+            self._pump = threading.Thread(target=self._copy_stderr, daemon=True)
+            self._pump.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+
+    def _copy_stderr(self) -> None:
+        # The ranks' stderr comes through torchrun: pass it on, keep the end to name a killed rank.
+        assert self.proc is not None and self.proc.stderr is not None
+        for line in self.proc.stderr:
+            record = parse_record_line(line)
+            if record is not None:  # a rank's record, not for the terminal
+                self.record_lines[record["rank"]] = record
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            self.stderr_tail.append(line)
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        first = not self.signals
+        self.signals.append(name)
+        self.attempt.request_stop()
+        for pid in self.rank_pids():
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        if first:
+            say(
+                f"received {name}: every rank stops at its next safe point and saves a checkpoint "
+                f"(further signals change nothing; even kill -9 keeps the previous checkpoint)"
+            )
+        else:
+            say(f"received {name} again: the stop is already under way")
+
+    def rank_pids(self) -> list[int]:
+        if self.proc is None:  # not started yet: the stop file alone tells the ranks
+            return []
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return []
+        pids = []
+        for child in children:
+            try:
+                if "trainer.train" in " ".join(child.cmdline()):
+                    pids.append(child.pid)
+            except psutil.Error:
+                pass
+        return pids
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        rc = self.proc.wait()
+        orphans = self._stop_orphans()  # before the pump: an orphan still holds torchrun's stderr pipe
+        for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
+            signal.signal(sig, _too_late)
+        self._pump.join(timeout=10)
+        if rc < 0:
+            how = _signal_name(-rc)
+            self.killed_note = (
+                f"torchrun (pid {self.proc.pid}) was killed by {how} while its ranks ran"
+                + (f"; the launcher stopped its {len(orphans)} orphaned rank(s) (pids "
+                   f"{', '.join(map(str, orphans))}) with SIGKILL" if orphans else "")
+            )  # fmt: skip
+            say(self.killed_note)
+        return rc
+
+    def _stop_orphans(self) -> list[int]:
+        """SIGKILL and reap what is left of torchrun's process tree (re-parented to us, the subreaper)."""
+        try:
+            left = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return []
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=30)
+        return [p.pid for p in left]
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _too_late(signum: int, frame: FrameType | None) -> None:
+    say(f"received {signal.Signals(signum).name} after the ranks exited: finishing the summary")
+
+
+def requeue_wanted(signals: list[str]) -> bool:
+    """The rule: only SIGUSR1 asks for a requeue; SIGTERM (and INT/HUP) leave the decision to Slurm."""
+    return bool(signals) and signals[0] in REQUEUE_SIGNALS
+
+
+def slurm_after_stop(signals: list[str], environ: dict[str, str], no_requeue: bool) -> str:
+    """Node 0 under Slurm, after a stop: requeue for SIGUSR1, otherwise say who decides."""
+    first = signals[0] if signals else "a stop request"
+    if not requeue_wanted(signals):
+        return (
+            f"not requeued: {first} is Slurm acting (scancel, scontrol requeue, preemption, time limit); "
+            "Slurm's own decision stands (a requeue by Slurm resumes from the checkpoint)"
+        )
+    if no_requeue:
+        return f"not requeued: {first} asked for it, but --no-requeue was given"
+    return requeue(environ)
+
+
+def test_pause(point: str) -> None:
+    """Test hook: LINGBOT_TEST_PAUSE_AT=<point>:0 parks the launcher here (PAUSE_DIR/reached, waiting for
+    PAUSE_DIR/release), as trainer/rank.py's pause_point parks a rank. Signals still arrive."""
+    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:0":
+        return
+    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
+    from provision.atomic import write_json_atomic
+
+    write_json_atomic(pause_dir / "reached", {"pid": os.getpid(), "point": point, "step": 0})
+    while not (pause_dir / "release").exists():
+        time.sleep(0.02)
+
+
+def requeue(environ: dict[str, str]) -> str:
+    """Ask Slurm to requeue this job (it then restarts from the checkpoint just saved)."""
+    job = environ["SLURM_JOB_ID"]
+    if not shutil.which("scontrol"):
+        return "not requeued: scontrol not found"
+    out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if out.returncode == 0:
+        return f"requeued Slurm job {job}"
+    return f"not requeued: scontrol requeue {job} said: {(out.stderr or out.stdout).strip()}"
+
+
+# --- main ------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The rank's process around the loop: torch.distributed set-up, stop signals, test pause points.
+
+StopRequest: SIGTERM/SIGUSR1 (or the attempt's stop request) only set a flag, acted on at a safe point.
+pause_point: test hook (LINGBOT_TEST_PAUSE_AT=<point>:<step>) that parks a rank until released.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+from provision.atomic import write_json_atomic
+from trainer.attempt import Attempt
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Set by SIGTERM/SIGUSR1 or by the attempt's stop request; acted on only at a safe point."""
+
+    def __init__(self, attempt: Attempt | None):
+        self.attempt = attempt
+        self.signal_name: str | None = None
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: a second signal during a checkpoint save must not interrupt the save.
+        self.signal_name = self.signal_name or signal.Signals(signum).name
+
+    @property
+    def local(self) -> bool:
+        return self.signal_name is not None or (self.attempt is not None and self.attempt.stop_requested())
+
+    def reason(self) -> str:
+        return f"received {self.signal_name}" if self.signal_name else "the launcher asked to stop"
+
+
+def pause_point(point: str, step: int, rank: int) -> None:
+    """Test hook: LINGBOT_TEST_PAUSE_AT=<point>:<step> makes rank LINGBOT_TEST_PAUSE_RANK (default 0)
+    announce itself in $LINGBOT_TEST_PAUSE_DIR/reached and wait there until .../release exists."""
+    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:{step}":
+        return
+    if rank != int(os.environ.get("LINGBOT_TEST_PAUSE_RANK", "0")):
+        return
+    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
+    write_json_atomic(pause_dir / "reached", {"pid": os.getpid(), "rank": rank, "point": point, "step": step})
+    while not (pause_dir / "release").exists():
+        time.sleep(0.02)
+
+
+def init_distributed() -> tuple[int, int, int, torch.device]:
+    if "RANK" not in os.environ:
+        sys.exit("trainer.train is one rank of a torchrun job: run it with bin/train (or torchrun)")
+    rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return rank, world_size, local_rank, device
