@@ -1,6 +1,6 @@
 """FSDP2 for the world model: fully_shard per block and the root, mixed precision, activation checkpointing.
 
-    model = build_model(cfg, device)                     # built, sharded: what every rank trains
+    model = build_model(cfg, device)                     # built (or loaded: model.pretrained), sharded
     model = shard_model(WorldModel(cfg), cfg, device)   # needs torch.distributed initialised (torchrun)
     prepare_micro_step(model, cfg, micro)                # before each micro-step's forward
     norm = clip_grad_norm(model, cfg.train.grad_clip)
@@ -32,20 +32,44 @@ def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    blocks = model.blocks
+    assert isinstance(blocks, nn.ModuleList)
+    return blocks
+
+
 def apply_activation_checkpointing(model: nn.Module) -> None:
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def build_model(cfg, device: torch.device) -> nn.Module:
     """The model every rank trains, built and sharded (the one entry point the loop and bench/ use).
 
-    Same seed on every rank: identical initial weights before sharding.
+    model.pretrained unset: random init, same seed on every rank (identical weights before sharding).
+    model.pretrained set: dimensions from its config.json (apply_pretrained_config: a conflicting model.*
+    is an error), built on the meta device, sharded, then every rank reads only its own shards' slices
+    from the safetensors files (strict: a missing/unexpected/mis-shaped tensor is an error naming it).
+    The model carries `pretrained_from` (folder or None) and `pretrained_ignored` (names skipped as the
+    reference skips them) for the log.
     """
-    from trainer.model import WorldModel
+    from trainer.model import WorldModel, apply_pretrained_config, load_sharded
 
-    torch.manual_seed(cfg.train.seed)
-    return shard_model(WorldModel(cfg), cfg, device)
+    folder = apply_pretrained_config(cfg)
+    if folder is None:
+        torch.manual_seed(cfg.train.seed)
+        model = shard_model(WorldModel(cfg), cfg, device)
+        ignored: list[str] = []
+    else:
+        with torch.device("meta"):
+            model = WorldModel(cfg)
+        model = shard_model(model, cfg, device)
+        model.to_empty(device=device)
+        ignored = load_sharded(model, folder)
+    setattr(model, "pretrained_from", folder)  # noqa: B010 - nn.Module's typed __setattr__ rejects these
+    setattr(model, "pretrained_ignored", ignored)  # noqa: B010
+    return model
 
 
 def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
@@ -60,7 +84,7 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision_policy(cfg, device)
     keep_gathered = cfg.train.keep_params_gathered
-    for block in model.blocks:
+    for block in _blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
     # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
