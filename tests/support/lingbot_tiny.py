@@ -76,11 +76,12 @@ def micro_batch(cfg, batch_size: int = 2, seed: int = 0, draw_seed: int | None =
 
 
 class TinyStream:
-    """micro_batch(step, micro) for one rank: a deterministic function of (seed, step, micro, rank)."""
+    """micro_batch(step, micro) for one rank: a deterministic function of (step, micro, rank); with
+    repeat=True the same batches every step (so a few steps visibly lower the loss)."""
 
-    def __init__(self, cfg, rank: int = 0):
-        self.cfg, self.rank = cfg, rank
+    def __init__(self, cfg, rank: int = 0, repeat: bool = False):
+        self.cfg, self.rank, self.repeat = cfg, rank, repeat
 
     def micro_batch(self, step: int, micro: int) -> dict:
-        seed = (step * 1000 + micro) * 10 + self.rank
+        seed = ((0 if self.repeat else step) * 1000 + micro) * 10 + self.rank
         return micro_batch(self.cfg, self.cfg.train.batch_size, seed)
