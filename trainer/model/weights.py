@@ -108,8 +108,14 @@ def fields_from_config_json(conf: dict, source: Path) -> dict:
 
 
 def resolve_transformer_dir(path: str | Path) -> Path:
-    """The folder holding config.json + safetensors: `path` itself or `path`/transformer."""
+    """The folder holding config.json + safetensors: `path` itself or `path`/transformer.
+
+    A relative `path` is relative to the repository root (as data.path is)."""
     root = Path(path).expanduser()
+    if not root.is_absolute():
+        from provision.paths import repo_root
+
+        root = repo_root() / root
     for candidate in (root, root / "transformer"):
         if (candidate / CONFIG_NAME).is_file() and (
             (candidate / WEIGHTS_NAME).is_file() or (candidate / INDEX_NAME).is_file()
@@ -117,7 +123,7 @@ def resolve_transformer_dir(path: str | Path) -> Path:
             return candidate
     if not root.exists():
         raise PretrainedError(
-            f"model.pretrained={path}: no such directory; download robbyant/lingbot-va-base there "
+            f"model.pretrained={path}: no such directory ({root}); download robbyant/lingbot-va-base there "
             "(see README, 'Pretrained weights') or set model.pretrained to the folder you have"
         )
     raise PretrainedError(
