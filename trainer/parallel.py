@@ -6,7 +6,9 @@
     norm = clip_grad_norm(model, cfg.train.grad_clip)
 
 Mixed precision (train.mixed_precision): auto = bf16 params / fp32 gradient reduction on CUDA, fp32 on
-CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way.
+CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way. Forward inputs
+are not cast (cast_forward_inputs=False, as the reference): the model mixes noise and computes timesteps
+in fp32 and casts what enters its linears itself.
 Gradient accumulation (bench/bench_grad_accum.py chose the defaults): gradients are reduce-scattered on
 the last micro-step only (train.grad_sync=last), and with train.keep_params_gathered the parameters stay
 all-gathered from the first forward to the last backward of a step (one all-gather pass per step instead
@@ -28,8 +30,12 @@ def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
     choice = cfg.train.mixed_precision
     bf16 = choice == "bf16" or (choice == "auto" and torch.device(device).type == "cuda")
     if bf16:
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+        )
+    return MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:

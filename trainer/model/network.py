@@ -336,12 +336,15 @@ class WorldModel(nn.Module):
         shape = SequenceShape(frames=f, tokens_per_frame=rows * cols, actions_per_frame=n)
         layout = token_layout(shape, b, batch["frames_per_chunk"], m.attn_block, x.device)
         pad = layout.sections[-1]
+        # inputs are mixed in fp32 and cast to the compute dtype (bf16 under FSDP mixed precision, as the
+        # reference casts its noisy/clean inputs); sigmas and timesteps stay fp32
+        dtype = self.patch_embedding_mlp.weight.dtype
         h = self._pack(
             [
-                self.patch_embedding_mlp(self._patchify(noisy_v)),
-                self.patch_embedding_mlp(self._patchify(clean_v)),
-                self.action_embedder(noisy_a),
-                self.action_embedder(a * amask),
+                self.patch_embedding_mlp(self._patchify(noisy_v).to(dtype)),
+                self.patch_embedding_mlp(self._patchify(clean_v).to(dtype)),
+                self.action_embedder(noisy_a.to(dtype)),
+                self.action_embedder((a * amask).to(dtype)),
             ],
             pad,
         )
