@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -115,7 +116,7 @@ def measure(rounds: int) -> dict:
     import torch.nn.functional as F
     from einops import rearrange
 
-    from trainer.batch import action_slot_mask
+    from trainer.batch import CleanBatch, action_slot_mask
     from trainer.config import RunConfig, apply_overrides
     from trainer.masks import dense_mask
     from trainer.model import WorldModel
@@ -190,7 +191,7 @@ def measure(rounds: int) -> dict:
     f, n, c, side = cfg.data.frames, cfg.data.actions_per_frame, m.latent_channels, m.latent_size
     g = torch.Generator().manual_seed(0)
     mask = action_slot_mask(m.action_dim, 8)
-    clean = {
+    clean: CleanBatch = {
         "latents": torch.randn(1, f, c, side, side * VIEWS, generator=g),
         "actions": torch.randn(1, f * n, m.action_dim, generator=g).clamp(-1.5, 1.5) * mask,
         "action_mask": mask.expand(1, f * n, -1).clone(),
@@ -198,7 +199,7 @@ def measure(rounds: int) -> dict:
         "text_mask": torch.ones(1, TEXT_LEN, dtype=torch.bool),
     }
     empty = EmptyText(torch.zeros(TEXT_LEN, m.text_dim), torch.zeros(TEXT_LEN, dtype=torch.bool))
-    batch = dict(draw_micro_batch(cfg.recipe, clean, empty, g))
+    batch: dict[str, Any] = dict(draw_micro_batch(cfg.recipe, clean, empty, g))
     batch["frames_per_chunk"], batch["window"] = torch.tensor(2), torch.tensor(4)
 
     sched_v = Scheduler(shift=cfg.recipe.video_shift, sigma_min=0.0, extra_one_step=True)
@@ -319,7 +320,8 @@ def table(result: dict) -> Table:
     ]
     notes = [
         f"{tok} tokens per micro-batch (1 sample, 2 views, {BENCH['data.frames']} frames), bf16, CPU, "
-        f"{result['threads']} threads, torch {result['torch']}, {len(result['times']['ours'])} alternating rounds",
+        f"{result['threads']} threads, torch {result['torch']}, "
+        f"{len(result['times']['ours'])} alternating rounds",
         "per-round ms ours: " + ", ".join(f"{t * 1e3:.0f}" for t in result["times"]["ours"]),
         "per-round ms reference: " + ", ".join(f"{t * 1e3:.0f}" for t in result["times"]["reference"]),
     ]
