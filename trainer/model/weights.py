@@ -286,11 +286,13 @@ def load_sharded(model: nn.Module, folder: str | Path) -> list[str]:
         by_file.setdefault(files[canonical_name(name)], []).append((canonical_name(name), param))
     with torch.no_grad():
         for path, params in sorted(by_file.items()):
-            with safe_open(str(path), framework="pt") as f:
-                for name, param in params:
-                    local, slices = _local_slices(param)
-                    if local.numel() == 0:
-                        continue
+            for name, param in params:
+                local, slices = _local_slices(param)
+                if local.numel() == 0:
+                    continue
+                # one open per tensor: the slice is a view of the file's mmap, and closing unmaps the pages
+                # read, so mapped file pages never add up beyond one tensor's slice
+                with safe_open(str(path), framework="pt") as f:
                     piece = f.get_slice(name)[tuple(slices)]
                     local.copy_(piece.to(device=local.device, dtype=local.dtype))
                     del piece
