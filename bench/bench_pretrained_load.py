@@ -124,8 +124,8 @@ def run(quick: bool = False) -> list[Table]:
                 "local params (M)",
             ],
             rows,
-            ratio=f"sharded loading costs {sharded:.0f} MB per rank vs {full:.0f} MB for a full-state-dict load "
-            f"({sharded / full:.2f}x)",
+            ratio=f"sharded loading costs {sharded:.0f} MB per rank vs {full:.0f} MB for a full-state-dict "
+            f"load ({sharded / full:.2f}x)",
             notes=[
                 f"{params / 1e6:.1f}M params, fp32 in memory ({params * 4 / 2**20:.0f} MB whole, "
                 f"{params * 4 / 2**20 / WORLD:.0f} MB per rank's shard); file {file_mb:.0f} MB bf16",
