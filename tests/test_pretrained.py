@@ -125,7 +125,7 @@ def test_an_index_sharded_folder_loads(released):
 
 
 def test_bad_locations_say_what_to_do(tmp_path):
-    with pytest.raises(PretrainedError, match=r"no such directory \(.*absent\); download robbyant/lingbot-va"):
+    with pytest.raises(PretrainedError, match=r"no such directory \(.*absent\); download robbyant"):
         resolve_transformer_dir(tmp_path / "absent")
     (tmp_path / "empty").mkdir()
     with pytest.raises(PretrainedError, match="neither it nor .*transformer holds config.json"):
