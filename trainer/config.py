@@ -119,6 +119,7 @@ class CheckpointConfig:
     every: int = 200
     keep: int = 3
     export_safetensors: bool = False  # consolidated weights for evaluation, next to each checkpoint
+    export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
 
 
