@@ -7,6 +7,7 @@ checkpoint_step_N/transformer/.
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -177,3 +178,41 @@ def test_sharded_loading_under_fsdp2_matches_the_files_and_exports_back(released
     exported = load_file(tmp_path / "export" / "transformer" / WEIGHTS_NAME)
     original = load_file(folder / WEIGHTS_NAME)
     assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
+
+
+REFERENCE_CHECK = """
+import sys, torch
+from safetensors.torch import load_file
+from bench.bench_reference import _import_reference
+ref_model = _import_reference()[0]
+folder = sys.argv[1]
+model = ref_model.WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.float32)
+files = load_file(folder + "/diffusion_pytorch_model.safetensors")
+state = model.state_dict()
+assert set(state) == set(files), set(state) ^ set(files)
+assert all(torch.equal(state[k], files[k].float()) for k in files)
+print("loaded", type(model).__name__, model.config.num_layers, len(state))
+"""
+
+
+def test_the_reference_from_pretrained_loads_our_export(tmp_path):
+    """Run the upstream WanTransformer3DModel.from_pretrained (installed outside the tree) on our export."""
+    import subprocess
+
+    from bench.bench_reference import PARITY_PYTHON, REFERENCE_SRC
+
+    if not PARITY_PYTHON.is_file() or not (REFERENCE_SRC / "modules" / "model.py").is_file():
+        pytest.skip(f"the upstream code is not installed at {REFERENCE_SRC} with {PARITY_PYTHON}")
+    cfg = tiny_cfg()
+    folder = export_reference(_model(cfg, seed=3), cfg, tmp_path / "checkpoint_step_5")
+    repo = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run(
+        [str(PARITY_PYTHON), "-c", REFERENCE_CHECK, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": repo},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "loaded WanTransformer3DModel 2 83"
