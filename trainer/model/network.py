@@ -173,7 +173,7 @@ class TransformerBlock(nn.Module):
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, h, modulation, rope_cos, rope_sin, attn: BoundAttention, cross: CrossContext):
-        mod = self.scale_shift_table[None] + modulation.float()  # (1, L, 6, D) fp32
+        mod = self.scale_shift_table[None].float() + modulation  # (1, L, 6, D) fp32
         shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(dim=2)
         x = (fp32_layer_norm(h, self.eps) * (1 + scale) + shift).type_as(h)
         h = (h.float() + self.attn1(x, x, attn, (rope_cos, rope_sin)) * gate).type_as(h)
@@ -359,7 +359,9 @@ class WorldModel(nn.Module):
         temb_a, proj_a = self.condition_embedder_action(action_t, h.dtype)
         frame_of_token = self._frame_index(b, f, rows * cols, n, pad, x.device)
         temb = torch.cat([temb_v, temb_a, temb_v.new_zeros(1, self.dim)])[frame_of_token][None]
-        modulation = torch.cat([proj_v, proj_a, proj_v.new_zeros(1, 6, self.dim)])[frame_of_token][None]
+        # fp32 once here (the reference converts it in every block)
+        per_frame = torch.cat([proj_v, proj_a, proj_v.new_zeros(1, 6, self.dim)]).float()
+        modulation = per_frame[frame_of_token][None]
 
         rope_cos, rope_sin = rope_tables(self._positions(b, f, rows, cols, pad, x.device), self.head_dim)
         text = self.condition_embedder.text_embedder(batch["text_emb"].to(h.dtype))
