@@ -76,7 +76,7 @@ def _rank(rank: int, mode: str, sizes: dict, folder: str, init: str, out: str) -
         model = WorldModel(cfg)
         load_full(model, path)
         model = shard_model(model, cfg, torch.device("cpu"))
-    local = sum(p.to_local().numel() for p in model.parameters())
+    local = sum(p.to_local().numel() for p in model.parameters())  # type: ignore[attr-defined]
     dist.barrier()
     result = {"rank": rank, "before_mb": before, "peak_mb": _peak_mb(), "local_params": local}
     Path(out, f"{mode}-{rank}.json").write_text(json.dumps(result))

@@ -28,7 +28,7 @@ from trainer.config import RunConfig
 from trainer.model import WorldModel, load_full
 from trainer.model.weights import fields_from_config_json
 
-TOL = {"rtol": 1e-4, "atol": 1e-4}
+RTOL = ATOL = 1e-4
 
 
 def _fixture():
@@ -60,15 +60,19 @@ def test_committed_golden_values(case):
     batch = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     ours = run_ours(model, batch)
     for key in ("latent_loss", "action_loss"):
-        torch.testing.assert_close(ours[key], torch.tensor(expected[key]), **TOL, msg=key)
+        torch.testing.assert_close(ours[key], torch.tensor(expected[key]), rtol=RTOL, atol=ATOL, msg=key)
     torch.testing.assert_close(
-        ours["total_grad_norm"], torch.tensor(expected["total_grad_norm_preclip"]), **TOL
+        ours["total_grad_norm"], torch.tensor(expected["total_grad_norm_preclip"]), rtol=RTOL, atol=ATOL
     )
     for name in ("video_tokens", "action_tokens"):
-        torch.testing.assert_close(ours[name], tensors[f"{case}.expected.{name}"], **TOL, msg=name)
+        torch.testing.assert_close(
+            ours[name], tensors[f"{case}.expected.{name}"], rtol=RTOL, atol=ATOL, msg=name
+        )
     for name in PICKED_GRADS:
         got = ours[f"grad.{name}"].norm()
-        torch.testing.assert_close(got, torch.tensor(expected["grad_norms"][name]), **TOL, msg=name)
+        torch.testing.assert_close(
+            got, torch.tensor(expected["grad_norms"][name]), rtol=RTOL, atol=ATOL, msg=name
+        )
 
 
 def test_committed_layout_is_the_released_naming():
@@ -92,14 +96,15 @@ def test_live_golden_with_every_gradient(case):
     model = WorldModel(cfg)
     assert load_full(model, GOLDEN / "transformer") == []  # the reference's save_pretrained, strictly
     ours = run_ours(model, batch_from_reference(inputs, cfg.recipe))
-    torch.testing.assert_close(ours["latent_loss"], expected["latent_loss"], **TOL)
-    torch.testing.assert_close(ours["action_loss"], expected["action_loss"], **TOL)
+    torch.testing.assert_close(ours["latent_loss"], expected["latent_loss"], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(ours["action_loss"], expected["action_loss"], rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(
         ours["video_tokens"],
         reference_video_tokens(expected["latent_pred_seq"], ours["video_tokens"].shape),
-        **TOL,
+        rtol=RTOL,
+        atol=ATOL,
     )
-    torch.testing.assert_close(ours["action_tokens"], expected["action_pred_seq"], **TOL)
+    torch.testing.assert_close(ours["action_tokens"], expected["action_pred_seq"], rtol=RTOL, atol=ATOL)
     ref_grads = {k[len("grad.") :]: v for k, v in expected.items() if k.startswith("grad.")}
     our_grads = {k[len("grad.") :]: v for k, v in ours.items() if k.startswith("grad.")}
     assert set(our_grads) == set(ref_grads)

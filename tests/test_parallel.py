@@ -35,7 +35,7 @@ def train(model, streams, cfg, grad_sync, divide, sharded=False):
     """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream.
     `sharded`: set sync/reshard per micro-step with prepare_micro_step, as trainer/train.py does."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    curves = [[] for _ in streams]
+    curves: list[list[float]] = [[] for _ in streams]
     for step in range(STEPS):
         totals = [0.0 for _ in streams]
         for micro in range(ACCUM):
@@ -104,7 +104,7 @@ def test_grad_sync_last_equals_every_and_unsharded(tmp_path):
                 torch.tensor(every),
                 rtol=RTOL,
                 atol=ATOL,
-                msg=lambda m, v=variant: f"{v}: {m}",
+                msg=f"variant {variant} differs from every-resharded",
             )
     every = result["every-resharded"]
     assert every[0] != every[1]  # the ranks saw different data

@@ -33,6 +33,7 @@ def released(tmp_path):
     cfg = tiny_cfg()
     model = _model(cfg, seed=1)
     folder = export_reference(model, cfg, tmp_path / "lingbot-va-base", dtype=torch.float32)
+    assert folder is not None
     return cfg, model, folder
 
 
@@ -52,6 +53,7 @@ def test_bf16_export_is_what_the_reference_trainer_saves(tmp_path):
     cfg = tiny_cfg()
     model = _model(cfg)
     folder = export_reference(model, cfg, tmp_path / "checkpoint_step_7")
+    assert folder is not None
     tensors = load_file(folder / WEIGHTS_NAME)
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     torch.testing.assert_close(tensors["proj_out.weight"], model.proj_out.weight.detach().bfloat16())
@@ -205,6 +207,7 @@ def test_the_reference_from_pretrained_loads_our_export(tmp_path):
         pytest.skip(f"the upstream code is not installed at {REFERENCE_SRC} with {PARITY_PYTHON}")
     cfg = tiny_cfg()
     folder = export_reference(_model(cfg, seed=3), cfg, tmp_path / "checkpoint_step_5")
+    assert folder is not None
     repo = str(Path(__file__).resolve().parents[1])
     proc = subprocess.run(
         [str(PARITY_PYTHON), "-c", REFERENCE_CHECK, str(folder)],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.batch import ACTION_SLOTS, action_slot_mask
+from trainer.batch import ACTION_SLOTS, CleanBatch, action_slot_mask
 from trainer.config import RunConfig, apply_overrides
 from trainer.recipe import EmptyText, draw_micro_batch
 
@@ -49,7 +49,7 @@ def empty_text(cfg) -> EmptyText:
     return EmptyText(torch.zeros(TEXT_LEN, cfg.model.text_dim), torch.zeros(TEXT_LEN, dtype=torch.bool))
 
 
-def clean_batch(cfg, batch_size: int, seed: int) -> dict:
+def clean_batch(cfg, batch_size: int, seed: int) -> CleanBatch:
     g = _seeded(seed, 0xC1EA)
     m, f, n = cfg.model, cfg.data.frames, cfg.data.actions_per_frame
     side = m.latent_size
