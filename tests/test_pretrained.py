@@ -148,7 +148,7 @@ def _rank_main(rank, init_file, folder, out_dir):
 
     from trainer.parallel import build_model
 
-    cfg = tiny_cfg(**{"model.pretrained": str(folder)})
+    cfg = tiny_cfg(**{"model.pretrained": str(folder), "model.activation_checkpointing": True})
     model = build_model(cfg, torch.device("cpu"))
     files = load_file(folder / WEIGHTS_NAME)
     local_rows = {}
@@ -156,7 +156,7 @@ def _rank_main(rank, init_file, folder, out_dir):
         assert isinstance(p, DTensor) and p.device.type == "cpu"
         full = p.full_tensor()
         assert torch.equal(full, files[name.replace("_checkpoint_wrapped_module.", "")]), name
-        local_rows[name] = p.to_local().shape[0]
+        local_rows[name.replace("_checkpoint_wrapped_module.", "")] = p.to_local().shape[0]
     loss = model(micro_batch(cfg))["loss"].detach()
     export_reference(model, cfg, out_dir / "export", dtype=torch.float32)
     result = {"rank": rank, "loss": float(loss), "rows": local_rows, "ignored": model.pretrained_ignored}
