@@ -5,7 +5,9 @@ and the numbers the reference's forward_train + compute_loss produced on them (f
 B=2 with two camera views and noisy history, B=1 with three views). Live part (runs where the parity run's
 files exist, $LINGBOT_GOLDEN_DIR, default /work/parity/golden): our strict loader reads the reference's own
 save_pretrained folder, every random draw of its run is converted to our batch, and every parameter's
-gradient is compared too. Regenerate the fixture: .venv/bin/python -m tests.support.golden
+gradient is compared too. The committed fixture was made from tests/support/reference_golden.py's run of the
+upstream code (its docstring has the two commands); `.venv/bin/python -m tests.support.golden` rebuilds it
+from $LINGBOT_GOLDEN_DIR.
 """
 
 import json
