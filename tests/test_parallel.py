@@ -10,9 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.config import RunConfig, apply_overrides
-from trainer.data import build_stream
-from trainer.data.generate import generate_dataset
+from tests.support.lingbot_tiny import TinyStream, tiny_cfg
+from trainer.config import RunConfig
 from trainer.model import WorldModel
 from trainer.parallel import (
     clip_grad_norm,
@@ -28,35 +27,15 @@ WORLD, STEPS, ACCUM = 2, 3, 3
 RTOL, ATOL = 1e-4, 1e-6
 
 
-def small_cfg(path):
-    cfg = RunConfig()
-    apply_overrides(
-        cfg,
-        {
-            "data.path": str(path),
-            "data.frames": 4,
-            "data.frames_per_chunk": 2,
-            "data.window": 2,
-            "model.latent_size": 8,
-            "model.latent_channels": 4,
-            "model.dim": 32,
-            "model.depth": 2,
-            "model.heads": 2,
-            "model.attn_block": 32,
-            "train.grad_accum": ACCUM,
-            "train.lr": 3e-3,
-        },
-        "test",
-    )
-    cfg.validate()
-    return cfg
+def small_cfg():
+    return tiny_cfg(**{"train.grad_accum": ACCUM, "train.lr": 3e-3, "train.batch_size": 1})
 
 
 def train(model, streams, cfg, grad_sync, divide, sharded=False):
     """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream.
     `sharded`: set sync/reshard per micro-step with prepare_micro_step, as trainer/train.py does."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    curves = [[] for _ in streams]
+    curves: list[list[float]] = [[] for _ in streams]
     for step in range(STEPS):
         totals = [0.0 for _ in streams]
         for micro in range(ACCUM):
@@ -76,11 +55,11 @@ def train(model, streams, cfg, grad_sync, divide, sharded=False):
     return curves
 
 
-def _rank_main(rank, init_file, data_path, out_dir):
+def _rank_main(rank, init_file, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    cfg = small_cfg(data_path)
-    stream = build_stream(cfg, rank, WORLD)
+    cfg = small_cfg()
+    stream = TinyStream(cfg, rank, repeat=True)
     result = {}
     for grad_sync in ("every", "last"):
         for keep in (False, True):
@@ -98,26 +77,18 @@ def _rank_main(rank, init_file, data_path, out_dir):
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def data_path(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fb") / "ds"
-    generate_dataset(root, 2, 16, "one_leg", seed=2)
-    build_stream(small_cfg(root), 0, 1)  # fill the latent cache before the ranks start
-    return root
-
-
 @pytest.mark.slow
-def test_grad_sync_last_equals_every_and_unsharded(tmp_path, data_path):
+def test_grad_sync_last_equals_every_and_unsharded(tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_rank_main, args=(tmp_path / "init", data_path, tmp_path), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(tmp_path / "init", tmp_path), nprocs=WORLD, join=True)
     result = json.loads((tmp_path / "losses.json").read_text())
 
     # reference: one unsharded model that runs both ranks' micro-batches, averaging over ranks
-    cfg = small_cfg(data_path)
+    cfg = small_cfg()
     torch.manual_seed(0)
     reference = train(
         WorldModel(cfg),
-        [build_stream(cfg, r, WORLD) for r in range(WORLD)],
+        [TinyStream(cfg, r, repeat=True) for r in range(WORLD)],
         cfg,
         "every",
         divide=ACCUM * WORLD,
@@ -133,7 +104,7 @@ def test_grad_sync_last_equals_every_and_unsharded(tmp_path, data_path):
                 torch.tensor(every),
                 rtol=RTOL,
                 atol=ATOL,
-                msg=lambda m, v=variant: f"{v}: {m}",
+                msg=f"variant {variant} differs from every-resharded",
             )
     every = result["every-resharded"]
     assert every[0] != every[1]  # the ranks saw different data

@@ -26,18 +26,55 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    dim: int = 1024
-    depth: int = 16
-    heads: int = 16
-    mlp_ratio: float = 4.0
-    latent_channels: int = 16  # channels of the (VAE-style) video latents
-    latent_size: int = 28  # latents are latent_size x latent_size per frame
-    patch: int = 2  # latent patchify: tokens per frame = (latent_size / patch)^2
+    """The transformer's dimensions; defaults = the released LingBot-VA (robbyant/lingbot-va-base) sizes.
+
+    With `pretrained` set, the dimensions come from that folder's config.json (a conflicting value here
+    is an error; trainer/model/weights.py). Names map to config.json as: dim = num_attention_heads x
+    attention_head_dim, heads = num_attention_heads, depth = num_layers, latent_channels = in/out_channels,
+    patch_size = [patch_t, patch, patch].
+    """
+
+    dim: int = 3072  # inner dim = heads x head dim (released: 24 x 128)
+    depth: int = 30
+    heads: int = 24
+    ffn_dim: int = 14336
+    text_dim: int = 4096  # T5 (umt5-xxl) embedding width
+    freq_dim: int = 256  # sinusoidal timestep features
+    cross_attn_norm: bool = True  # affine fp32 LayerNorm before the text cross-attention
+    eps: float = 1e-6
+    rope_max_seq_len: int = 1024  # kept for config.json round trips (RoPE is computed from positions)
+    latent_channels: int = 48  # channels of the video latents (Wan2.2 VAE: 48)
+    latent_size: int = 28  # per-view latent grid side the stream's encoder produces (square views)
+    patch: int = 2  # spatial patch: tokens per frame = (H / patch) x (W / patch)
+    patch_t: int = 1  # temporal patch (released: 1)
     action_dim: int = 30  # padded action width, as in LingBot-VA
     action_used: int = 8  # channels actually used (FurnitureBench: dx dy dz qx qy qz qw grip)
+    text_mask: bool = False  # mask padded prompt tokens in cross-attention (reference: attends them)
+    pretrained: str = ""  # a released folder (or its transformer/) or a reference checkpoint_step_N/
     attn_block: int = 128  # FlexAttention block size; each token group is padded to a multiple
     attention: str = "auto"  # auto | flex | sdpa  (auto: flex on GPU, sdpa on CPU)
     activation_checkpointing: bool = False
+
+
+@dataclass
+class RecipeConfig:
+    """The reference training recipe (trainer/recipe.py draws it); defaults = upstream 58c2ae5's."""
+
+    num_train_timesteps: int = 1000  # wan_va/train.py: FlowMatchScheduler.set_timesteps(1000, training=True)
+    video_shift: float = 5.0  # wan_va/configs/va_*_cfg.py snr_shift
+    action_shift: float = 1.0  # wan_va/configs/va_franka_cfg.py action_snr_shift
+    loss_weighting: str = "reference"  # reference (scheduler.training_weight) | none
+    sigma_per: str = "frame"  # frame: one per frame index per batch (reference) | sample_frame
+    noisy_history_prob: float = 0.5  # wan_va/train.py _prepare_input_dict noisy_cond_prob
+    noisy_history_min: float = 0.5  # history timestep-id fraction range (min/max_timestep_bd)
+    noisy_history_max: float = 1.0
+    chunk_min: int = 1  # frames per chunk ~ randint(1, 5): 1..4, redrawn every micro-batch
+    chunk_max: int = 4
+    window_min: int = 4  # window ~ randint(4, 65): 4..64 (in chunk blocks)
+    window_max: int = 64
+    text_dropout: float = 0.1  # cfg_prob: prompt replaced by the empty prompt's embedding
+    action_clip: float = 1.5  # dataset _action_post_process np.clip(-1.5, 1.5)
+    action_rope: str = "reference"  # reference: t = f + (j+1)/(N+1), row = col = -1 | aligned: f + j/N, 0, 0
 
 
 @dataclass
@@ -66,9 +103,11 @@ class TrainConfig:
     grad_accum: int = 10
     batch_size: int = 1  # per rank, per micro-step
     lr: float = 1e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    warmup_steps: int = 10  # reference: linear warm-up over 10 steps, then constant
+    weight_decay: float = 0.1  # reference AdamW weight decay
+    grad_clip: float = 2.0  # reference clip_grad_norm_ max norm
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # reference AdamW betas
+    adam_eps: float = 1e-8
     seed: int = 0
     grad_sync: str = "last"  # last: reduce-scatter on the last micro-step only | every
     keep_params_gathered: bool = True  # no re-all-gather between micro-steps (FSDP2 reshard_after_* False)
@@ -81,6 +120,7 @@ class CheckpointConfig:
     every: int = 200
     keep: int = 3
     export_safetensors: bool = False  # consolidated weights for evaluation, next to each checkpoint
+    export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
 
 
@@ -104,6 +144,7 @@ class RunConfig:
     name: str = "furniture_train"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -116,6 +157,7 @@ class RunConfig:
         m, d, t = self.model, self.data, self.train
         checks = [
             (m.dim % m.heads == 0, "model.dim must be a multiple of model.heads"),
+            (_rope_fits(m.dim // m.heads), "model.dim / model.heads must be even with (head dim // 3) even"),
             (m.latent_size % m.patch == 0, "model.latent_size must be a multiple of model.patch"),
             (0 < m.action_used <= m.action_dim, "model.action_used must be in 1..model.action_dim"),
             (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
@@ -143,6 +185,12 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"config {self.name!r}: {message}")
+
+
+def _rope_fits(head_dim: int) -> bool:
+    """The reference's 3-axis RoPE splits head_dim as (hd - 2 (hd // 3), hd // 3, hd // 3), pairs each."""
+    third = head_dim // 3
+    return head_dim % 2 == 0 and third % 2 == 0
 
 
 def _field_types(cls) -> dict[str, typing.Any]:

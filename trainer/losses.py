@@ -2,7 +2,9 @@
 
     x_s = (1 - s) x + s e        s in [0, 1] per frame, e ~ N(0, I)
     target = e - x               the velocity the model predicts
-Losses are MSE normalised per frame (then averaged over frames), the action loss over used channels only.
+Losses (the reference's compute_loss in wan_va/train.py): squared error weighted per (sample, frame) by the
+schedule's training weight (trainer/recipe.py), summed per frame, divided by the frame's element count
+(actions: used channels only), averaged over (sample, frame).
 """
 
 from __future__ import annotations
@@ -30,20 +32,33 @@ def sample_sigmas(shape, generator: torch.Generator, shift: float = 1.0) -> torc
     return shift * s / (1 + (shift - 1) * s)
 
 
-def latent_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """pred/target (B, F, C, H, W): mean squared error per frame, then mean over frames."""
+def latent_loss(
+    pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """pred/target (B, F, C, H, W), weights (B, F): weighted squared error summed per frame, divided by
+    the frame's element count (+1e-6, as the reference), then the mean over (sample, frame)."""
     err = (pred.float() - target.float()).square()
-    return err.flatten(2).mean(dim=2).mean()
+    if weights is not None:
+        err = err * _per_frame(weights.float(), err)
+    per_frame = err.flatten(2)
+    return (per_frame.sum(dim=2) / (per_frame.shape[2] + 1e-6)).mean()
 
 
-def action_loss(pred: torch.Tensor, target: torch.Tensor, channel_mask: torch.Tensor, actions_per_frame: int):
-    """pred/target (B, F * actions_per_frame, A); channel_mask (A,) 1 for used channels.
-
-    Per frame: squared error summed over its action steps and used channels, divided by their count.
-    """
+def action_loss(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    channel_mask: torch.Tensor,
+    actions_per_frame: int,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """pred/target (B, F * actions_per_frame, A); channel_mask broadcastable to them, 1 on used channels;
+    weights (B, F). Per frame: weighted squared error over its action steps and used channels, divided by
+    their count (+1e-6, as the reference); then the mean over (sample, frame)."""
     b, n, a = pred.shape
+    frames = n // actions_per_frame
     mask = channel_mask.to(torch.float32).expand(b, n, a)
     err = (pred.float() - target.float()).square() * mask
-    frames = n // actions_per_frame
-    per_frame = err.reshape(b, frames, -1).sum(-1) / mask.reshape(b, frames, -1).sum(-1).clamp_min(1)
+    if weights is not None:
+        err = err * weights.float().repeat_interleave(actions_per_frame, dim=1)[..., None]
+    per_frame = err.reshape(b, frames, -1).sum(-1) / (mask.reshape(b, frames, -1).sum(-1) + 1e-6)
     return per_frame.mean()

@@ -1,12 +1,14 @@
 """FSDP2 for the world model: fully_shard per block and the root, mixed precision, activation checkpointing.
 
-    model = build_model(cfg, device)                     # built, sharded: what every rank trains
+    model = build_model(cfg, device)                     # built (or loaded: model.pretrained), sharded
     model = shard_model(WorldModel(cfg), cfg, device)   # needs torch.distributed initialised (torchrun)
     prepare_micro_step(model, cfg, micro)                # before each micro-step's forward
     norm = clip_grad_norm(model, cfg.train.grad_clip)
 
 Mixed precision (train.mixed_precision): auto = bf16 params / fp32 gradient reduction on CUDA, fp32 on
-CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way.
+CPU; bf16 and fp32 force it. Sharded parameters and optimizer state stay fp32 either way. Forward inputs
+are not cast (cast_forward_inputs=False, as the reference): the model mixes noise and computes timesteps
+in fp32 and casts what enters its linears itself.
 Gradient accumulation (bench/bench_grad_accum.py chose the defaults): gradients are reduce-scattered on
 the last micro-step only (train.grad_sync=last), and with train.keep_params_gathered the parameters stay
 all-gathered from the first forward to the last backward of a step (one all-gather pass per step instead
@@ -28,24 +30,54 @@ def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
     choice = cfg.train.mixed_precision
     bf16 = choice == "bf16" or (choice == "auto" and torch.device(device).type == "cuda")
     if bf16:
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False
+        )
+    return MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False
+    )
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    blocks = model.blocks
+    assert isinstance(blocks, nn.ModuleList)
+    return blocks
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    blocks = _blocks(model)
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
 def build_model(cfg, device: torch.device) -> nn.Module:
     """The model every rank trains, built and sharded (the one entry point the loop and bench/ use).
 
-    Same seed on every rank: identical initial weights before sharding.
+    model.pretrained unset: random init, same seed on every rank (identical weights before sharding).
+    model.pretrained set: dimensions from its config.json (apply_pretrained_config: a conflicting model.*
+    is an error), built on the meta device, sharded, then every rank reads only its own shards' slices
+    from the safetensors files (strict: a missing/unexpected/mis-shaped tensor is an error naming it).
+    The model carries `pretrained_from` (folder or None) and `pretrained_ignored` (names skipped as the
+    reference skips them) for the log.
     """
-    from trainer.model import WorldModel
+    from trainer.model import WorldModel, apply_pretrained_config, load_sharded
+    from trainer.recipe import check_recipe
 
-    torch.manual_seed(cfg.train.seed)
-    return shard_model(WorldModel(cfg), cfg, device)
+    check_recipe(cfg.recipe)
+    folder = apply_pretrained_config(cfg)
+    if folder is None:
+        torch.manual_seed(cfg.train.seed)
+        model = shard_model(WorldModel(cfg), cfg, device)
+        ignored: list[str] = []
+    else:
+        with torch.device("meta"):
+            model = WorldModel(cfg)
+        model = shard_model(model, cfg, device)
+        model.to_empty(device=device)
+        ignored = load_sharded(model, folder)
+    setattr(model, "pretrained_from", folder)  # noqa: B010 - nn.Module's typed __setattr__ rejects these
+    setattr(model, "pretrained_ignored", ignored)  # noqa: B010
+    return model
 
 
 def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
@@ -60,7 +92,7 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision_policy(cfg, device)
     keep_gathered = cfg.train.keep_params_gathered
-    for block in model.blocks:
+    for block in _blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
     # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

@@ -1,0 +1,24 @@
+"""LingBot-VA's transformer for training (network.py) and its released-checkpoint I/O (weights.py).
+
+from trainer.model import WorldModel, export_reference
+model = WorldModel(cfg)                       # random init; trainer.parallel.build_model loads/shards
+out = model(batch)                            # {"loss", "latent_loss", "action_loss"}
+"""
+
+from trainer.model.network import WorldModel
+from trainer.model.weights import (
+    PretrainedError,
+    apply_pretrained_config,
+    export_reference,
+    load_full,
+    load_sharded,
+)
+
+__all__ = [
+    "PretrainedError",
+    "WorldModel",
+    "apply_pretrained_config",
+    "export_reference",
+    "load_full",
+    "load_sharded",
+]
