@@ -177,8 +177,21 @@ def _image(path: Path, where: str, value, fmt: str) -> np.ndarray:
 
 
 def validate_episode(data, path: Path, cameras=CAMERAS[:2]) -> Episode:
-    """Check one unpickled episode and convert it to arrays; DatasetError names file and key."""
-    path = Path(path)
+    """Check one unpickled episode and convert it to arrays; DatasetError names file and key (and says
+    when the file is preprocess_data.py output)."""
+    try:
+        return _validate(data, Path(path), cameras)
+    except DatasetError as exc:
+        if (
+            isinstance(data, dict)
+            and detect_format(data) == PREPROCESSED
+            and PREPROCESSED_NAME not in str(exc)
+        ):
+            raise DatasetError(f"{exc} (the file is {PREPROCESSED_NAME})") from exc
+        raise
+
+
+def _validate(data, path: Path, cameras) -> Episode:
     if not isinstance(data, dict):
         _fail(path, "<top level>", f"expected a dict, got {type(data).__name__}")
     if "furniture" not in data:
