@@ -268,7 +268,7 @@ def test_prepare_resumes_after_a_kill(tmp_path, monkeypatch):
     cfg = small_cfg(root, **{"data.generated_episodes": 4, "data.include_failed": "true"})
     ensure_dataset(cfg)
     real = cache_mod.encode_episode_entry
-    calls = []
+    calls: list = []
 
     def dying(*args, **kwargs):
         if len(calls) == 2:
@@ -347,13 +347,13 @@ def make_tiny_vae(folder):
         latents_mean=[0.1, -0.2, 0.3, 0.0],
         latents_std=[2.0, 1.5, 1.0, 0.5],
     )
-    vae.save_pretrained(folder)
+    vae.save_pretrained(folder)  # type: ignore[attr-defined]
     return vae
 
 
 def make_tiny_t5(root):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-    from transformers import T5TokenizerFast, UMT5Config, UMT5EncoderModel
+    from transformers import T5TokenizerFast, UMT5Config, UMT5EncoderModel  # type: ignore[attr-defined]
 
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -450,7 +450,7 @@ def test_wan_vae_prepare_writes_real_latents(released, tmp_path):
             "model.latent_size": 2,
         },
     )
-    cfg.model.text_dim = 16  # type: ignore[attr-defined]  # the model branch's field (4096 without it)
+    cfg.model.text_dim = 16  # the model branch's field (the stand-in reads 4096 without it)
     ensure_dataset(cfg)
     done = prepare(cfg)
     manifest = json.loads((done.directory / "manifest.json").read_text())
@@ -472,7 +472,7 @@ def test_wan_vae_prepare_writes_real_latents(released, tmp_path):
 
 def test_killed_generation_is_never_a_dataset(tmp_path, monkeypatch):
     root = tmp_path / "furniture_train"
-    calls = []
+    calls: list = []
 
     def dying_write(path, data):
         if len(calls) == 2:
