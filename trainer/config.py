@@ -50,7 +50,7 @@ class DataConfig:
     generated_length: int = 120  # frames per generated episode (10 Hz)
     task: str = "one_leg"
     # 1-3 of color_image1 (wrist), color_image2 (front), color_image3 (rear); encoded separately, side by side
-    cameras: list[str] = field(default_factory=lambda: ["color_image2", "color_image1"])
+    cameras: list[str] = field(default_factory=lambda: ["color_image2"])  # furniture_train: front + wrist
     include_failed: bool = False  # keep episodes with success False / error True (skipped by default)
     prompt: str = (
         "Assemble one leg of the square table: push the tabletop into the corner, pick up a leg, "
@@ -58,7 +58,7 @@ class DataConfig:
     )  # one per task (data.task); embedded with data.text_encoder, plus the empty prompt for dropout
     frames: int = 8  # latent frames per sample (clip length)
     frames_per_chunk: int = 2  # frames per interleaved video/action chunk
-    actions_per_frame: int = 4  # 10 Hz actions per latent frame = the encoder's temporal factor (Wan2.2: 4)
+    actions_per_frame: int = 2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
     chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
     window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
     window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step
