@@ -93,7 +93,7 @@ def released_vae_flops_per_frame(side: int = 128) -> float:
     from diffusers import AutoencoderKLWan
     from torch.utils.flop_counter import FlopCounterMode
 
-    vae = AutoencoderKLWan(**RELEASED_VAE).eval()
+    vae = AutoencoderKLWan(**RELEASED_VAE).eval()  # type: ignore[attr-defined]
     x = torch.zeros(1, 3, 5, side, side)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         vae.encode(x)
@@ -102,9 +102,11 @@ def released_vae_flops_per_frame(side: int = 128) -> float:
 
 def run(quick: bool) -> list[Table]:
     episodes, length = (4, 40) if quick else (8, 80)
-    rows = []
+    rows: list[list] = []
+    rates: list[float] = []
     for name in ("patch_mean", "wan_vae"):
         rate, frames, seconds = prepare_rate(name, episodes, length)
+        rates.append(rate)
         rows.append(
             [
                 name if name == "patch_mean" else "wan_vae (tiny random AutoencoderKLWan)",
@@ -117,7 +119,7 @@ def run(quick: bool) -> list[Table]:
         "latent-cache preparation on CPU (python -m trainer.data.prepare path, 2 cameras, 224x224 frames)",
         ["encoder", "frames", "seconds", "frames/s"],
         rows,
-        ratio=f"tiny wan_vae / patch_mean frames/s: {rows[1][3] / rows[0][3]:.3f}x",
+        ratio=f"tiny wan_vae / patch_mean frames/s: {rates[1] / rates[0]:.3f}x",
         notes=[
             f"{episodes} generated episodes x {length} steps x 2 cameras, include_failed; tiny VAE at 128 px"
         ],

@@ -58,7 +58,9 @@ class DataConfig:
     )  # one per task (data.task); embedded with data.text_encoder, plus the empty prompt for dropout
     frames: int = 8  # latent frames per sample (clip length)
     frames_per_chunk: int = 2  # frames per interleaved video/action chunk
-    actions_per_frame: int = 2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
+    actions_per_frame: int = (
+        2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
+    )
     chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
     window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
     window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step
