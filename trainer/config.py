@@ -80,21 +80,38 @@ class RecipeConfig:
 @dataclass
 class DataConfig:
     dataset: str = "furniture_train"
-    path: str = "data/furniture_train"  # relative paths are relative to the repo root
+    # a collector data_path (<YYYY-mm-dd-HH:MM:SS>/<same>.pkl), a parent with one folder per furniture, or a
+    # flat folder of *.pkl (trainer/data/discovery.py); relative paths are relative to the repo root
+    path: str = "data/furniture_train"
     generate_if_missing: bool = True  # write deterministic FurnitureBench-format episodes if absent
     generated_episodes: int = 32
     generated_length: int = 120  # frames per generated episode (10 Hz)
     task: str = "one_leg"
-    camera: str = "color_image2"  # color_image1 = wrist, color_image2 = front
-    frames: int = 8  # video frames per sample (clip length)
+    # 1-3 of color_image1 (wrist), color_image2 (front), color_image3 (rear); encoded separately, side by side
+    cameras: list[str] = field(default_factory=lambda: ["color_image2"])  # furniture_train: front + wrist
+    include_failed: bool = False  # keep episodes with success False / error True (skipped by default)
+    prompt: str = (
+        "Assemble one leg of the square table: push the tabletop into the corner, pick up a leg, "
+        "insert it into the tabletop and screw it in."
+    )  # one per task (data.task); embedded with data.text_encoder, plus the empty prompt for dropout
+    frames: int = 8  # latent frames per sample (clip length)
     frames_per_chunk: int = 2  # frames per interleaved video/action chunk
-    actions_per_frame: int = 2  # 10 Hz actions, one video latent frame every 2 actions
+    actions_per_frame: int = (
+        2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
+    )
     chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
     window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
     window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step
-    encoder: str = "patch_mean"  # weights-free frame encoder; swappable
-    latent_cache: bool = True  # precompute latents once, on disk next to the episodes
-    noisy_history_prob: float = 0.0  # optional noisy-history augmentation
+    encoder: str = "patch_mean"  # wan_vae (real, needs vae_path) | patch_mean (weights-free stand-in)
+    vae_path: str = ""  # Wan2.2 VAE folder: the released model's vae/ (or the model root holding vae/)
+    text_encoder: str = (
+        ""  # T5 encoder folder: the released model's text_encoder/ (or its root); "" = stand-in
+    )
+    tokenizer: str = ""  # tokenizer folder; "" = the tokenizer/ beside text_encoder
+    text_length: int = 512  # prompt tokens (reference max_sequence_length)
+    latent_cache: bool = True  # precompute latents once, on disk next to the episodes (off: a temporary one)
+    cache_dir: str = ""  # put the cache here instead of next to the data (read-only datasets)
+    noisy_history_prob: float = 0.0  # fallback draws only (the recipe owns it: recipe.noisy_history_prob)
 
 
 @dataclass

@@ -7,13 +7,21 @@ are exactly FurnitureBench's `.pkl` layout (see trainer/data/furniturebench.py).
 
     python -m trainer.data.generate OUT --episodes N [--length T] [--task one_leg] [--seed 0]
 
-writes OUT/<task>/<i>.pkl. The dataset is written into a temporary sibling directory and renamed into
+writes the collector's layout, OUT/<task>/<YYYY-mm-dd-HH:MM:SS>/<same>.pkl (collect_data.py saves to
+<out-data-path>/<furniture>/ and DataCollector.save names folder and file by the save time; here the
+times are fixed, one minute apart from 2026-01-01-00:00:00, so the order is deterministic), with the
+collector's keys and dtypes (robot_state float64 where the Panda returns lists, real-robot camera
+calibration). Some episodes are failures as the collector saves them: every 8th (index % 8 == 5) a
+failed demonstration (success False), every 8th (index % 8 == 3) an observation failure (error True,
+error_description set, the last action and reward popped but the last skill kept). The dataset is
+written into a temporary sibling directory and renamed into
 place when complete, so a killed generation never looks like a dataset.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shutil
@@ -22,9 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.furniturebench import IMAGE_SHAPE, episode_files, write_episode
+from trainer.data.discovery import TIMESTAMP_FORMAT, discover
+from trainer.data.furniturebench import IMAGE_SHAPE, write_episode
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
+FIRST_SAVE = dt.datetime(2026, 1, 1, 0, 0, 0)
+FAILED, OBS_FAILURE = 5, 3  # index % 8: the collector's two kinds of saved failure
+PANDA_GRIPPER_ERROR = "Panda gripper server stopped."  # robot_state.py PandaError.Gripper
 MAX_STEP = 0.045  # end-effector travel per 10 Hz step, in table units (table = unit square)
 MAX_YAW_STEP = 0.12  # radians per step
 HOVER_Z, GRASP_Z = 0.25, 0.04
@@ -227,6 +239,33 @@ def generate_episode(seed: int, index: int, length: int, furniture: str) -> dict
     }
 
 
+def collector_name(index: int) -> str:
+    return (FIRST_SAVE + dt.timedelta(minutes=index)).strftime(TIMESTAMP_FORMAT)
+
+
+def collector_variant(data: dict, index: int) -> dict:
+    """The episode as the collector saves it: real-robot keys and dtypes, and the failure kinds."""
+    for obs in data["observations"]:
+        rs = obs["robot_state"]
+        for key in ("ee_pos", "ee_quat", "joint_positions", "joint_velocities", "joint_torques"):
+            rs[key] = rs[key].astype(np.float64)  # panda.py: np.array(list) / T.mat2pose give float64
+    data["cam2_to_base"] = np.eye(4, dtype=np.float64)
+    data["cam3_to_base"] = np.eye(4, dtype=np.float64)
+    for cam in (1, 2, 3):
+        data[f"cam{cam}_intr"] = np.array([[600.0, 0, 320], [0, 600.0, 240], [0, 0, 1]])
+    # a generated episode of `length` steps is a whole demonstration by construction (the script's own
+    # placement flag, generate_episode's "success", depends on the length); failures are the chosen kinds
+    data["success"] = True
+    if index % 8 == FAILED:
+        data["success"] = False
+    elif index % 8 == OBS_FAILURE:
+        data["actions"].pop()  # data_collector.py: rews.pop(); acts.pop(); the skill stays
+        data["rewards"].pop()
+        data["observations"].pop()
+        data.update(success=False, error=True, error_description=PANDA_GRIPPER_ERROR)
+    return data
+
+
 def generate_dataset(
     out: Path, episodes: int, length: int, furniture: str = "one_leg", seed: int = 0
 ) -> Path:
@@ -248,7 +287,10 @@ def generate_dataset(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     (tmp / furniture).mkdir(parents=True)
     for i in range(episodes):
-        write_episode(tmp / furniture / f"{i}.pkl", generate_episode(seed, i, length, furniture))
+        name = collector_name(i)
+        data = collector_variant(generate_episode(seed, i, length, furniture), i)
+        (tmp / furniture / name).mkdir()
+        write_episode(tmp / furniture / name / f"{name}.pkl", data)
     meta = dict(
         generator="trainer.data.generate",
         version=GENERATOR_VERSION,
@@ -280,7 +322,7 @@ def main(argv=None) -> int:
     except (FileExistsError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"wrote {len(episode_files(args.out, args.task))} episodes to {args.out / args.task}")
+    print(f"wrote {len(discover(args.out, args.task).files)} episodes to {args.out / args.task}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Quantile action normalisation, as LingBot-VA does: q01 -> -1, q99 -> +1 per channel, clipped.
+"""Quantile action normalisation, as LingBot-VA does: q01 -> -1, q99 -> +1 per channel, clipped (1.5 there).
 
 Statistics come from the data (every action of every episode), so they are the same on every rank.
 A channel whose q01 and q99 coincide (e.g. a constant gripper) normalises to 0.
@@ -34,11 +34,12 @@ class QuantileNormalizer:
     def _range(self) -> np.ndarray:
         return self.q99 - self.q01
 
-    def normalize(self, actions: np.ndarray) -> np.ndarray:
+    def normalize(self, actions: np.ndarray, clip: float = 1.0) -> np.ndarray:
+        """q01 -> -1, q99 -> +1, clipped to [-clip, clip] (the reference clips at 1.5)."""
         span = self._range()
         ok = span > DEGENERATE_RANGE
         out = 2.0 * (actions - self.q01) / np.where(ok, span, 1.0) - 1.0
-        return np.where(ok, np.clip(out, -1.0, 1.0), 0.0).astype(np.float32)
+        return np.where(ok, np.clip(out, -clip, clip), 0.0).astype(np.float32)
 
     def denormalize(self, normalized: np.ndarray) -> np.ndarray:
         span = self._range()

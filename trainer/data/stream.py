@@ -1,52 +1,65 @@
-"""The training batch stream: FurnitureBench episodes -> cached latents -> deterministic micro-batches.
+"""The training batch stream: FurnitureBench episodes -> the latent cache -> deterministic micro-batches.
 
     stream = build_stream(cfg, rank, world_size)
-    batch = stream.micro_batch(step, micro)      # dict of CPU tensors, see BATCH_KEYS
+    batch = stream.micro_batch(step, micro)      # dict of CPU tensors: trainer/batch.py's MicroBatch
+    stream.data_summary                          # DatasetSummary: found/used/skipped, stand-ins
+
+build_stream: generate a dataset if data.path is empty and allowed (ensure_dataset), make sure the latent
+cache is complete and current (trainer/data/prepare.py ensure_cache: rank 0 prepares a missing one, the
+others wait; a stale one is refused naming what differs), then load it.
+
+Clips follow the encoder's time layout (trainer/data/encoder.py): latent frame 0 is observation 0 alone,
+latent frame k >= 1 covers observations (k-1)t+1 .. kt, t = data.actions_per_frame (10 Hz: one action per
+observation). The N = t actions of latent frame k are the ones leading into it, actions (k-1)t .. kt-1;
+frame 0 gets t zero actions, normalised like the rest, as the reference pads them
+(lerobot_latent_dataset.py `_action_post_process`). A clip is data.frames consecutive latent frames.
+Views are encoded separately and concatenated along the latent width in data.cameras order, as the
+reference concatenates `obs_cam_keys` (`_cat_video_latents`, env_type none).
 
 No hidden state: micro-batch (step, micro) on `rank` is a pure function of (seed, step, micro, rank), so
 resuming at step N needs only N. Sample order: the global sample counter
     g = ((step * grad_accum + micro) * world_size + rank) * batch_size + b
 walks an epoch permutation of all clips (torch.randperm seeded by (seed, epoch)); ranks take
-neighbouring counters, so within a step they never share a clip, and epochs follow each other.
-
-The noise, the flow-matching sigmas and the per-step chunk size / window choices are drawn here too,
-so the model's forward is deterministic given the batch.
+neighbouring counters, so within a step they never share a clip, and epochs follow each other. Every
+random draw of the recipe is made by one call per micro-batch (trainer/recipe.py draw_micro_batch) from a
+generator seeded by (seed, step, micro, rank).
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import shutil
+import tempfile
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainer.data.encoder import encoded_episode, make_encoder
-from trainer.data.furniturebench import DatasetError, episode_files
+from trainer.data import _contract_shim as contract
+from trainer.data.cache import cache_dir
+from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery, discover
+from trainer.data.furniturebench import DatasetError
 from trainer.data.generate import generate_dataset
 from trainer.data.normalize import QuantileNormalizer
 from trainer.losses import sample_sigmas
 from trainer.masks import SequenceShape, sequence_shape
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NOISY_HISTORY_SIGMA = (0.0, 0.5)  # range of the noise put on clean history when augmenting
-SIGMA_SHIFT = 1.0  # Wan/SD3 time shift for training sigmas (1.0 = uniform)
+NOISY_HISTORY_SIGMA = (0.0, 0.5)  # fallback draws only (without trainer/recipe.py)
+SIGMA_SHIFT = 1.0  # fallback draws only
+ACTION_CLIP = 1.5  # reference _action_post_process; recipe.action_clip when the recipe config exists
 
 BATCH_KEYS = {
-    "latents": "(B, F, C, S, S) float32 clean video latents, per-channel standardised",
-    "actions": "(B, F*apf, action_dim) float32 actions in [-1, 1] (quantile-normalised), zero-padded",
-    "action_mask": "(action_dim,) float32, 1 on used channels",
-    "latent_noise": "(B, F, C, S, S) float32 N(0, 1)",
-    "action_noise": "(B, F*apf, action_dim) float32 N(0, 1)",
-    "history_noise": "(B, F, C, S, S) float32 N(0, 1), noise for the clean-history augmentation",
-    "latent_sigma": "(B, F) float32 flow-matching level per video frame",
-    "action_sigma": "(B, F) float32 flow-matching level per frame's actions",
-    "history_sigma": "(B, F) float32 noise on the clean video history (0 unless augmenting)",
-    "frames_per_chunk": "() int64 frames per interleaved chunk for this step",
-    "window": "() int64 sliding window in blocks for this step",
+    "latents": "(B, F, C, H, views*W) float32 clean video latents, views side by side",
+    "actions": "(B, F*apf, action_dim) float32 quantile-normalised, clipped, robot channels in their slots",
+    "action_mask": "(action_dim,) bool, True on used slots",
+    "text_emb": "(B, L, text_dim) float32 the task prompt's embedding, zero-padded",
+    "text_mask": "(B, L) bool True on real prompt tokens",
     "sample_index": "(B,) int64 global clip index (episode-major), for checks and logs",
+    "...": "the recipe's draws: see trainer/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
 }
 
 
@@ -56,7 +69,7 @@ def resolve_data_path(cfg) -> Path:
 
 
 @contextmanager
-def _dataset_lock(root: Path):
+def dataset_lock(root: Path):
     """Serialise generation and cache building across ranks (and concurrent runs) on one machine."""
     root.parent.mkdir(parents=True, exist_ok=True)
     lock_path = root.parent / f".{root.name}.lock"
@@ -73,29 +86,33 @@ def _dataset_lock(root: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_dataset_lock = dataset_lock
+
+
 def ensure_dataset(cfg) -> list[Path]:
     """Episode files of cfg.data.task under cfg.data.path, generating them first when allowed."""
     root, task = resolve_data_path(cfg), cfg.data.task
-    files = episode_files(root, task)
+    files = discover(root, task).files
     if files:
         return files
     if not cfg.data.generate_if_missing:
         raise DatasetError(
-            f"{root}: {task}/*.pkl: no episodes (data.generate_if_missing is off); generate some with "
+            f"{root}: no {task} episodes ({task}/<timestamp>/<timestamp>.pkl, <timestamp>/<timestamp>.pkl "
+            f"or *.pkl; data.generate_if_missing is off); generate some with "
             f"`python -m trainer.data.generate {root} --episodes N --task {task}` or fix data.path"
         )
-    with _dataset_lock(root):
-        files = episode_files(root, task)  # another rank may have generated meanwhile
+    with dataset_lock(root):
+        files = discover(root, task).files  # another rank may have generated meanwhile
         if not files:
-            if root.exists() and any(root.iterdir()):
+            if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
                 raise DatasetError(
-                    f"{root}: {task}/*.pkl: the directory exists but holds no {task} episodes; "
-                    f"point data.path elsewhere or set data.task to a furniture it holds"
+                    f"{root}: the directory exists but holds no {task} episodes (looked for {task}/, "
+                    f"timestamped collector folders and *.pkl); point data.path elsewhere or set data.task"
                 )
             generate_dataset(
                 root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
             )
-            files = episode_files(root, task)
+            files = discover(root, task).files
     return files
 
 
@@ -105,50 +122,74 @@ def _seeded(*parts: int) -> torch.Generator:
 
 
 class BatchStream:
-    def __init__(self, cfg, rank: int, world_size: int, latents: list[np.ndarray], actions: list[np.ndarray]):
+    def __init__(
+        self,
+        cfg,
+        rank: int,
+        world_size: int,
+        latents: list[np.ndarray],
+        actions: list[np.ndarray],
+        text: dict[str, np.ndarray] | None = None,
+        normalised: bool = False,
+        data_summary: DatasetSummary | None = None,
+    ):
+        """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8)."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.data_summary = data_summary
         self.shape: SequenceShape = sequence_shape(cfg)
-        self.apf = cfg.data.actions_per_frame
+        self.apf = t = cfg.data.actions_per_frame
         self.batch_size, self.grad_accum, self.seed = (
             cfg.train.batch_size,
             cfg.train.grad_accum,
             cfg.train.seed,
         )
-        frames, span = cfg.data.frames, cfg.data.frames * self.apf
+        frames = cfg.data.frames
 
-        # per-channel standardisation of the latents (LingBot-VA scales VAE latents by their mean/std)
-        stacked = np.concatenate(latents)
-        self.latent_mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
-        self.latent_std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
+        if normalised:  # VAE latents, normalised by the VAE's own statistics (as the reference)
+            self.latents = [torch.from_numpy(np.ascontiguousarray(x)) for x in latents]
+        else:  # stand-in latents: per-channel standardisation by data statistics
+            stacked = np.concatenate([x.astype(np.float32) for x in latents])
+            mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
+            std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
+            self.latents = [torch.from_numpy((x.astype(np.float32) - mean) / std) for x in latents]
         self.normalizer = QuantileNormalizer.fit(np.concatenate(actions))
-        self.latents = [torch.from_numpy((x - self.latent_mean) / self.latent_std).float() for x in latents]
         adim, used = cfg.model.action_dim, cfg.model.action_used
         if used > actions[0].shape[1]:
             raise DatasetError(
                 f"{resolve_data_path(cfg)}: actions: episodes have {actions[0].shape[1]} action channels, "
                 f"model.action_used={used} wants more"
             )
+        slots = list(contract.action_slots(used))
+        clip = float(getattr(getattr(cfg, "recipe", None), "action_clip", ACTION_CLIP))
         self.actions = []
-        for a in actions:  # the first `used` channels, normalised, zero-padded to the model's action_dim
-            padded = np.zeros((a.shape[0], adim), np.float32)
-            padded[:, :used] = self.normalizer.normalize(a)[:, :used]
+        for e, a in enumerate(actions):
+            n = self.latents[e].shape[0] * t  # t zero actions lead into latent frame 0
+            raw = np.concatenate([np.zeros((t, a.shape[1]), np.float32), a])[:n]
+            padded = np.zeros((n, adim), np.float32)
+            padded[:, slots] = self.normalizer.normalize(raw, clip=clip)[:, :used]
             self.actions.append(torch.from_numpy(padded))
-        self.action_mask = torch.zeros(adim)
-        self.action_mask[:used] = 1.0
+        self.action_mask = torch.zeros(adim, dtype=torch.bool)
+        self.action_mask[slots] = True
 
-        # every clip: `frames` video frames every `apf` steps starting at `start`, and the span actions
-        self.clips = [
-            (e, start)
-            for e, a in enumerate(actions)
-            for start in range(0, a.shape[0] - span + 1)
-            if start + (frames - 1) * self.apf < latents[e].shape[0]
-        ]
+        if text is None:
+            dim = int(getattr(cfg.model, "text_dim", 4096))
+            zeros = np.zeros((cfg.data.text_length, dim), np.float32)
+            mask = np.zeros(cfg.data.text_length, bool)
+            text = dict(prompt_emb=zeros, prompt_mask=mask, empty_emb=zeros, empty_mask=mask)
+        self.text_emb = torch.from_numpy(np.ascontiguousarray(text["prompt_emb"], dtype=np.float32))
+        self.text_mask = torch.from_numpy(np.ascontiguousarray(text["prompt_mask"], dtype=bool))
+        self.empty_emb = torch.from_numpy(np.ascontiguousarray(text["empty_emb"], dtype=np.float32))
+        self.empty_mask = torch.from_numpy(np.ascontiguousarray(text["empty_mask"], dtype=bool))
+
+        # every clip: `frames` consecutive latent frames and their frames * t actions
+        self.clips = [(e, s) for e, x in enumerate(self.latents) for s in range(0, x.shape[0] - frames + 1)]
         if not self.clips:
             raise DatasetError(
-                f"{resolve_data_path(cfg)}: actions: no episode has {span} actions "
-                f"(data.frames={frames} x {self.apf} actions per frame); use shorter clips or longer episodes"
+                f"{resolve_data_path(cfg)}: no episode has {frames} latent frames "
+                f"(data.frames={frames}, one latent frame per {t} actions); "
+                "use shorter clips or longer episodes"
             )
         self.tokens_per_micro_batch = self.shape.tokens(self.batch_size)
         self.sequence_length = self.shape.padded_tokens(self.batch_size, cfg.model.attn_block)
@@ -167,7 +208,7 @@ class BatchStream:
         return [int(self._permutation(g // n)[g % n]) for g in range(first, first + self.batch_size)]
 
     def mask_choices(self, step: int) -> tuple[int, int]:
-        """(frames_per_chunk, window) for a step; the same on every rank and micro-step of that step."""
+        """Fallback draws only: (frames_per_chunk, window) for a step, the same on every rank."""
         d = self.cfg.data
         g = _seeded(self.seed, 0xC4C, step)
         chunk = (
@@ -182,27 +223,44 @@ class BatchStream:
         )
         return int(chunk), int(window)
 
-    def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        idx = self.sample_indices(step, micro)
-        frames = self.cfg.data.frames
+    def clean_batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        frames, t = self.cfg.data.frames, self.apf
         lat, act = [], []
         for i in idx:
-            e, start = self.clips[i]
-            lat.append(self.latents[e][start : start + frames * self.apf : self.apf])
-            act.append(self.actions[e][start : start + frames * self.apf])
-        latents, actions = torch.stack(lat), torch.stack(act)
-        g = _seeded(self.seed, step, micro, self.rank)
+            e, s = self.clips[i]
+            lat.append(self.latents[e][s : s + frames].float())
+            act.append(self.actions[e][s * t : (s + frames) * t])
         b = len(idx)
-        history = torch.zeros(b, frames)
+        return {
+            "latents": torch.stack(lat),
+            "actions": torch.stack(act),
+            "action_mask": self.action_mask.clone(),
+            "text_emb": self.text_emb.expand(b, *self.text_emb.shape).clone(),
+            "text_mask": self.text_mask.expand(b, *self.text_mask.shape).clone(),
+        }
+
+    def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        idx = self.sample_indices(step, micro)
+        clean = self.clean_batch(idx)
+        g = _seeded(self.seed, step, micro, self.rank)
+        if contract.HAVE_RECIPE and hasattr(self.cfg, "recipe"):
+            batch = contract.draw(self.cfg, clean, self.empty_emb, self.empty_mask, g)
+        else:
+            batch = self._fallback_draws(clean, step, g)
+        batch["sample_index"] = torch.tensor(idx, dtype=torch.long)
+        return batch
+
+    def _fallback_draws(self, clean: dict, step: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+        """The seed's draws, used only while trainer/recipe.py is absent (this branch alone)."""
+        latents, actions = clean["latents"], clean["actions"]
+        b, frames = latents.shape[:2]
         augment = torch.rand(b, generator=g) < self.cfg.data.noisy_history_prob
         lo, hi = NOISY_HISTORY_SIGMA
         history_draw = lo + (hi - lo) * torch.rand(b, frames, generator=g)
-        history = torch.where(augment[:, None], history_draw, history)
+        history = torch.where(augment[:, None], history_draw, torch.zeros(b, frames))
         chunk, window = self.mask_choices(step)
         return {
-            "latents": latents,
-            "actions": actions,
-            "action_mask": self.action_mask.clone(),
+            **clean,
             "latent_noise": torch.randn(latents.shape, generator=g),
             "action_noise": torch.randn(actions.shape, generator=g),
             "history_noise": torch.randn(latents.shape, generator=g),
@@ -211,28 +269,106 @@ class BatchStream:
             "history_sigma": history,
             "frames_per_chunk": torch.tensor(chunk, dtype=torch.long),
             "window": torch.tensor(window, dtype=torch.long),
-            "sample_index": torch.tensor(idx, dtype=torch.long),
+            "text_dropped": torch.zeros(b, dtype=torch.bool),
         }
 
     def describe(self) -> str:
         return (
-            f"{len(self.latents)} episodes, {len(self.clips)} clips of {self.cfg.data.frames} frames x "
+            f"{len(self.latents)} episodes, {len(self.clips)} clips of {self.cfg.data.frames} "
+            f"latent frames x "
             f"{self.apf} actions; {self.tokens_per_micro_batch} tokens per micro-batch "
             f"(padded to {self.sequence_length})"
         )
 
 
+def _log(rank: int):
+    return (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+
+
+def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> tuple:
+    """(latents, actions, text, summary) of the used episodes of a checked cache."""
+    frames, cams = cfg.data.frames, list(cfg.data.cameras)
+    latents: list[np.ndarray] = []
+    actions: list[np.ndarray] = []
+    skipped: list[tuple[Path, str]] = []
+    notes: Counter[str] = Counter()
+    for ep in manifest["episodes"]:
+        source = found.root / ep["file"]
+        if ep["status"] != "used":
+            skipped.append((source, ep["reason"]))
+            continue
+        for note in ep.get("notes", []):
+            notes[note] += 1
+        if ep["latent_frames"] < frames:
+            skipped.append((source, SKIP_TOO_SHORT))
+            continue
+        with np.load(directory / "episodes" / ep["entry"], allow_pickle=False) as z:
+            views = [z[f"latents__{c}"] for c in cams]
+            n = min(v.shape[0] for v in views)
+            latents.append(np.concatenate([v[:n] for v in views], axis=-1))
+            actions.append(z["actions"])
+    with np.load(directory / "text.npz", allow_pickle=False) as z:
+        text = {k: z[k] for k in z.files}
+    spec = manifest["spec"]
+    summary = DatasetSummary.of(
+        found,
+        used=len(latents),
+        skipped=skipped,
+        notes=dict(notes),
+        encoder=spec["encoder"],
+        text_encoder=spec["text_encoder"],
+        stand_ins=list(manifest.get("stand_ins", [])),
+        cameras=cams,
+        cache=str(directory),
+    )
+    log(summary.describe())
+    for note, n in notes.items():
+        log(f"data: {n} episode(s): {note}")
+    if summary.stand_ins:
+        from trainer.data.prepare import announce
+
+        announce(log, summary.stand_ins)
+    return latents, actions, text, summary
+
+
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
-    """Make sure the dataset exists (generating it if allowed), encode/cache latents, build the stream."""
-    files = ensure_dataset(cfg)
-    root = resolve_data_path(cfg)
-    encoder = make_encoder(cfg.data.encoder, cfg.model.latent_channels, cfg.model.latent_size)
-    cache_root = root / ".latents" if cfg.data.latent_cache else None
-    with _dataset_lock(root) if cache_root is not None else _no_lock():
-        pairs = [encoded_episode(f, encoder, cfg.data.camera, cache_root) for f in files]
-    return BatchStream(cfg, rank, world_size, [p[0] for p in pairs], [p[1] for p in pairs])
+    """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
+    from trainer.data.prepare import data_root, ensure_cache
+
+    log = _log(rank)
+    ensure_dataset(cfg)
+    tmp: Path | None = None
+    if not cfg.data.latent_cache:
+        tmp = Path(tempfile.mkdtemp(prefix="lingbot-latents-"))
+        log(f"data: data.latent_cache is off: encoding into a temporary cache {tmp} (removed after loading)")
+        cfg = _with_cache_root(cfg, tmp)
+    try:
+        directory, manifest = ensure_cache(cfg, rank, world_size, log)
+        found = discover(data_root(cfg), cfg.data.task)
+        latents, actions, text, summary = load_cached(cfg, directory, manifest, found, log)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not latents:
+        raise DatasetError(f"{summary.root}: no usable episodes: {summary.describe()}")
+    return BatchStream(
+        cfg,
+        rank,
+        world_size,
+        latents,
+        actions,
+        text,
+        normalised=manifest["spec"]["encoder"] != "patch_mean",
+        data_summary=summary,
+    )
 
 
-@contextmanager
-def _no_lock():
-    yield
+def _with_cache_root(cfg, root: Path):
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    cfg.data.cache_dir = str(root)
+    return cfg
+
+
+__all__ = ["BatchStream", "build_stream", "cache_dir", "ensure_dataset", "resolve_data_path"]

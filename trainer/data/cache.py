@@ -1,0 +1,308 @@
+"""The latent cache: every used episode encoded once, next to the data, with a manifest that proves it.
+
+Layout (under the discovered episode folder, so it travels with the data):
+    <base>/.latents/<encoder>-<spec hash>/
+        manifest.json                 written LAST (atomically) by rank 0: the cache is complete
+        text.npz                      prompt_emb (L, D), prompt_mask (L,), empty_emb, empty_mask
+        episodes/<relpath>.npz        one per source file: latents__<camera> (L, C, h, w) float16, actions
+                                      (T, 8), rewards, skills, robot state / parts_poses / real-robot extras
+                                      (kept available), and `meta` (JSON: source fingerprint, spec hash,
+                                      status used/skipped + reason, reader notes)
+
+The spec (CacheSpec) is everything the latents depend on: encoder name + config hash, text encoder name +
+config hash, prompt, cameras, resolution / latent grid, temporal factor, task, include_failed. A different
+spec is a different directory, so configs never overwrite each other's caches. Each source file is
+fingerprinted by size + mtime_ns + sha256: a changed size, or a changed mtime with a different checksum,
+makes the cache stale, and so does a file added or removed; the trainer refuses a stale cache (or a
+manifest whose spec disagrees with its directory) naming what differs. `prepare` is resumable: an episode
+entry whose fingerprint and spec hash match is not redone, so a killed run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from provision.atomic import write_atomic
+from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK, Discovery
+from trainer.data.encoder import VideoEncoder, config_hash
+from trainer.data.furniturebench import DatasetError, Episode, episode_status, validate_episode
+from trainer.data.text import TextEncoder
+
+CACHE_DIR = ".latents"
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+STORAGE_DTYPE = np.float16  # the reference stores bf16 latents; numpy has no bf16
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    encoder: str
+    encoder_hash: str
+    text_encoder: str
+    text_hash: str
+    prompt: str
+    cameras: tuple[str, ...]
+    resolution: int  # pixels fed to the encoder (0: area pooling, no resize)
+    latent_side: int
+    latent_channels: int
+    temporal: int
+    task: str
+    include_failed: bool
+    version: int = FORMAT_VERSION
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cameras"] = list(self.cameras)
+        return d
+
+
+def make_spec(cfg, video: VideoEncoder, text: TextEncoder) -> CacheSpec:
+    d = cfg.data
+    return CacheSpec(
+        encoder=video.name,
+        encoder_hash=config_hash(video.config()),
+        text_encoder=text.name,
+        text_hash=config_hash(text.config()),
+        prompt=d.prompt,
+        cameras=tuple(d.cameras),
+        resolution=video.resolution,
+        latent_side=video.latent_side,
+        latent_channels=video.channels,
+        temporal=video.temporal,
+        task=d.task,
+        include_failed=d.include_failed,
+    )
+
+
+def cache_dir(base: Path, spec: CacheSpec, elsewhere: str = "") -> Path:
+    """<base>/.latents/<encoder>-<spec hash>; under data.cache_dir (`elsewhere`) also keyed by data path."""
+    if not elsewhere:
+        return Path(base) / CACHE_DIR / f"{spec.encoder}-{spec.digest()}"
+    where = hashlib.sha256(str(Path(base).resolve()).encode()).hexdigest()[:8]
+    return Path(elsewhere).expanduser() / CACHE_DIR / f"{spec.encoder}-{spec.digest()}-{where}"
+
+
+def entry_path(directory: Path, base: Path, source: Path) -> Path:
+    rel = source.relative_to(base).as_posix().replace("/", "__")
+    return directory / "episodes" / f"{rel}.npz"
+
+
+def fingerprint(path: Path, content: bytes | None = None) -> dict[str, Any]:
+    st = path.stat()
+    data = path.read_bytes() if content is None else content
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Atomic write; out of space is an OSError with its errno and the path (issue 15's disk-full case)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(
+                exc.errno, f"{os.strerror(exc.errno)} while writing the latent cache", str(path)
+            ) from exc
+        raise
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def read_meta(entry: Path) -> dict[str, Any] | None:
+    """An entry's meta, or None when it is missing or unreadable (then it is redone)."""
+    try:
+        with np.load(entry, allow_pickle=False) as z:
+            return json.loads(str(z["meta"]))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _skip_reason(data: Any, task: str, include_failed: bool) -> str | None:
+    success, error, _ = episode_status(data)
+    if isinstance(data, dict) and isinstance(data.get("furniture"), str) and data["furniture"] != task:
+        return SKIP_OTHER_TASK
+    if include_failed:
+        return None
+    if error is True:
+        return SKIP_ERROR
+    if success is False:
+        return SKIP_FAILED
+    return None
+
+
+def encode_episode_entry(
+    source: Path,
+    entry: Path,
+    spec: CacheSpec,
+    video: VideoEncoder,
+    on_frames: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Read, check, encode and write one episode's entry; returns its meta."""
+    import pickle
+
+    content = source.read_bytes()
+    fp = fingerprint(source, content)
+    try:
+        data = pickle.loads(content)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, IndexError) as exc:
+        raise DatasetError(
+            f"{source}: <file>: not a readable episode pickle ({type(exc).__name__}: {exc})"
+        ) from exc
+    meta: dict[str, Any] = {"source": fp, "spec": spec.digest(), "notes": []}
+    reason = _skip_reason(data, spec.task, spec.include_failed)
+    arrays: dict[str, np.ndarray] = {}
+    if reason is not None:
+        meta.update(status="skipped", reason=reason)
+    else:
+        episode: Episode = validate_episode(data, source, spec.cameras)
+        for cam in spec.cameras:
+            frames = episode.images[cam]
+            arrays[f"latents__{cam}"] = video.encode(frames).astype(STORAGE_DTYPE)
+            if on_frames is not None:
+                on_frames(int(frames.shape[0]))
+        arrays.update(actions=episode.actions, rewards=episode.rewards, skills=episode.skills)
+        for key, value in episode.robot_state.items():
+            arrays[f"robot_state__{key}"] = value
+        if episode.parts_poses is not None:
+            arrays["parts_poses"] = episode.parts_poses
+        for key, value in episode.extras.items():
+            arrays[f"extra__{key}"] = value
+        lengths = {arrays[f"latents__{c}"].shape[0] for c in spec.cameras}
+        meta.update(
+            status="used",
+            latent_frames=min(lengths),
+            actions=episode.num_actions,
+            format=episode.format,
+            success=episode.success,
+            error=episode.error,
+            error_description=episode.error_description,
+            notes=episode.notes,
+        )
+    arrays["meta"] = np.array(json.dumps(meta))
+    _write_bytes(entry, _npz_bytes(arrays))
+    return meta
+
+
+def prepare_entries(
+    base: Path,
+    files: list[Path],
+    directory: Path,
+    spec: CacheSpec,
+    video: VideoEncoder,
+    rank: int = 0,
+    world_size: int = 1,
+    log: Callable[[str], None] = print,
+    on_frames: Callable[[int], None] | None = None,
+) -> tuple[int, int]:
+    """Encode this rank's share (i % world_size == rank) of `files`; returns (encoded, kept from before)."""
+    encoded = kept = 0
+    for i, source in enumerate(files):
+        if i % world_size != rank:
+            continue
+        entry = entry_path(directory, base, source)
+        meta = read_meta(entry) if entry.is_file() else None
+        st = source.stat()
+        if (
+            meta is not None
+            and meta.get("spec") == spec.digest()
+            and meta["source"]["size"] == st.st_size
+            and meta["source"]["mtime_ns"] == st.st_mtime_ns
+        ):
+            kept += 1
+            continue
+        meta = encode_episode_entry(source, entry, spec, video, on_frames)
+        encoded += 1
+        status = meta["status"] if meta["status"] == "used" else f"skipped: {meta['reason']}"
+        log(f"prepare[rank {rank}]: {source.relative_to(base)}: {status}")
+    return encoded, kept
+
+
+def write_text(directory: Path, text: TextEncoder, prompt: str) -> None:
+    emb, mask = text.embed(prompt)
+    empty, empty_mask = text.embed("")
+    _write_bytes(
+        directory / "text.npz",
+        _npz_bytes(dict(prompt_emb=emb, prompt_mask=mask, empty_emb=empty, empty_mask=empty_mask)),
+    )
+
+
+def write_manifest(base: Path, discovery: Discovery, directory: Path, spec: CacheSpec, extra: dict) -> dict:
+    """Collect every entry's meta into manifest.json (the completion marker). Missing entries: error."""
+    episodes = []
+    for source in discovery.files:
+        entry = entry_path(directory, base, source)
+        meta = read_meta(entry)
+        if meta is None or meta.get("spec") != spec.digest():
+            raise DatasetError(
+                f"{entry}: cache entry missing or unreadable after preparation (source {source})"
+            )
+        episodes.append({"file": source.relative_to(base).as_posix(), "entry": entry.name, **meta})
+    manifest = {
+        "spec": spec.to_json(),
+        "spec_hash": spec.digest(),
+        "episodes": episodes,
+        "no_pkl": [[str(p), r] for p, r in discovery.skipped],
+        **extra,
+    }
+    _write_bytes(directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    return manifest
+
+
+class StaleCache(DatasetError):
+    """A cache that does not match its sources or its spec; the message names what differs."""
+
+
+def check_manifest(now: Discovery, directory: Path, spec: CacheSpec) -> dict:
+    """The manifest when the cache is complete and current; StaleCache naming what differs otherwise."""
+    path = directory / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StaleCache(
+            f"{path}: unreadable manifest ({exc}); remove {directory} and prepare again"
+        ) from exc
+    want = spec.to_json()
+    have = manifest.get("spec", {})
+    differs = [f"{k}: cache {have.get(k)!r} vs config {want[k]!r}" for k in want if have.get(k) != want[k]]
+    if differs:
+        raise StaleCache(f"{path}: the cache was made with other settings ({'; '.join(differs)})")
+    known = {e["file"]: e for e in manifest["episodes"]}
+    current = {p.relative_to(now.root).as_posix(): p for p in now.files}
+    problems = []
+    added = sorted(set(current) - set(known))
+    removed = sorted(set(known) - set(current))
+    if added:
+        problems.append(f"{len(added)} episode file(s) not in the cache: {', '.join(added[:3])}")
+    if removed:
+        problems.append(f"{len(removed)} cached episode file(s) gone: {', '.join(removed[:3])}")
+    for rel, source in current.items():
+        entry = known.get(rel)
+        if entry is None:
+            continue
+        st, fp = source.stat(), entry["source"]
+        if st.st_size != fp["size"]:
+            problems.append(f"{rel}: size {st.st_size} != {fp['size']} when cached")
+        elif st.st_mtime_ns != fp["mtime_ns"] and fingerprint(source)["sha256"] != fp["sha256"]:
+            problems.append(f"{rel}: content changed (sha256 differs) since it was cached")
+        if len(problems) >= 5:
+            break
+    if problems:
+        raise StaleCache(f"{directory}: stale latent cache: {'; '.join(problems)}")
+    return manifest

@@ -1,0 +1,233 @@
+"""Prepare the latent cache once, offline: `python -m trainer.data.prepare --config furniture_train`.
+
+    python -m trainer.data.prepare --config furniture_train [--cpu-scale] [--set data.path=/data/one_leg ...]
+    torchrun --nproc-per-node 8 -m trainer.data.prepare --config furniture_train     # one share per GPU
+
+Discovers the episodes under data.path (trainer/data/discovery.py), encodes every used one with
+data.encoder and the prompt with data.text_encoder, and writes the cache next to the data
+(trainer/data/cache.py). Under torchrun each rank encodes episodes i % WORLD_SIZE == RANK on its own GPU,
+then rank 0 writes the text embeddings and the manifest. Resumable: run it again after a kill and finished
+episodes are kept. bin/train calls `ensure_cache` (below) itself when the cache is missing: rank 0
+prepares, the other ranks wait at a barrier (a gloo group with a long timeout, so a long preparation does
+not trip NCCL's watchdog).
+
+Stand-ins (patch_mean, the stand-in text embedding) are announced loudly in the log and recorded in the
+manifest and in the run's summary.json (DatasetSummary.stand_ins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.data.cache import (
+    MANIFEST,
+    StaleCache,
+    cache_dir,
+    check_manifest,
+    make_spec,
+    prepare_entries,
+    write_manifest,
+    write_text,
+)
+from trainer.data.discovery import Discovery, discover
+from trainer.data.encoder import VideoEncoder, make_encoder
+from trainer.data.furniturebench import CAMERAS, DatasetError
+from trainer.data.text import TextEncoder, make_text_encoder
+
+STAND_IN_BANNER = "!" * 100
+
+
+def check_data_config(cfg) -> None:
+    """data.cameras: 1-3 distinct views of color_image1/2/3."""
+    cams = list(cfg.data.cameras)
+    if not 1 <= len(cams) <= 3 or len(set(cams)) != len(cams) or not set(cams) <= set(CAMERAS):
+        raise DatasetError(
+            f"data.cameras={cams!r}: choose 1-3 distinct views of {', '.join(CAMERAS)} "
+            "(e.g. --set data.cameras=color_image2,color_image1)"
+        )
+
+
+def stand_ins(video: VideoEncoder, text: TextEncoder) -> list[str]:
+    out = []
+    if video.stand_in:
+        out.append(
+            f"video encoder {video.name} (weights-free stand-in; data.encoder=wan_vae + data.vae_path)"
+        )
+    if text.stand_in:
+        out.append("text embedding stand-in (no T5 weights; set data.text_encoder to the T5 folder)")
+    return out
+
+
+def announce(log: Callable[[str], None], items: list[str]) -> None:
+    if items:
+        log(STAND_IN_BANNER)
+        for item in items:
+            log(f"STAND-IN IN USE: {item}")
+        log(
+            "these latents/embeddings are NOT LingBot-VA's real inputs; "
+            "do not compare this run's losses to a real one"
+        )
+        log(STAND_IN_BANNER)
+
+
+@dataclass
+class Prepared:
+    directory: Path
+    discovery: Discovery
+    video: VideoEncoder
+    text: TextEncoder
+    encoded: int  # episodes encoded by this rank in this call
+    kept: int  # episodes of this rank already in the cache (resume)
+    frames: int  # camera frames encoded by this rank
+    seconds: float
+
+    @property
+    def frames_per_s(self) -> float:
+        return self.frames / self.seconds if self.seconds > 0 else 0.0
+
+
+def data_root(cfg) -> Path:
+    from trainer.data.stream import resolve_data_path
+
+    return resolve_data_path(cfg)
+
+
+def prepare(
+    cfg,
+    rank: int = 0,
+    world_size: int = 1,
+    barrier: Callable[[], None] = lambda: None,
+    log: Callable[[str], None] = print,
+) -> Prepared:
+    """Encode this rank's share, wait for every rank, then rank 0 writes text.npz and the manifest."""
+    check_data_config(cfg)
+    found = discover(data_root(cfg), cfg.data.task)
+    video, text = make_encoder(cfg), make_text_encoder(cfg)
+    spec = make_spec(cfg, video, text)
+    directory = cache_dir(found.root, spec, cfg.data.cache_dir)
+    if rank == 0:
+        announce(log, stand_ins(video, text))
+        log(f"prepare: {len(found.files)} episode files under {found.root} ({found.layout}) -> {directory}")
+    frames = [0]
+    started = time.perf_counter()
+    encoded, kept = prepare_entries(
+        found.root,
+        found.files,
+        directory,
+        spec,
+        video,
+        rank,
+        world_size,
+        log,
+        on_frames=lambda n: frames.__setitem__(0, frames[0] + n),
+    )
+    seconds = time.perf_counter() - started
+    barrier()
+    if rank == 0:
+        write_text(directory, text, cfg.data.prompt)
+        extra = {"stand_ins": stand_ins(video, text), "layout": found.layout, "root": str(found.root)}
+        write_manifest(found.root, found, directory, spec, extra)
+        log(f"prepare: cache complete: {directory / MANIFEST}")
+    barrier()
+    return Prepared(directory, found, video, text, encoded, kept, frames[0], seconds)
+
+
+def _long_barrier() -> Callable[[], None]:
+    """A barrier over every rank that tolerates a preparation of hours (gloo, CPU)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return lambda: None
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
+    return lambda: dist.barrier(group=group)
+
+
+def ensure_cache(cfg, rank: int, world_size: int, log: Callable[[str], None] = print) -> tuple[Path, dict]:
+    """(cache directory, manifest) of a complete, current cache; prepared on rank 0 when missing.
+
+    A present but stale or mismatched cache is refused (StaleCache naming what differs); run prepare.
+    """
+    check_data_config(cfg)
+    found = discover(data_root(cfg), cfg.data.task)
+    video, text = make_encoder(cfg), make_text_encoder(cfg)
+    spec = make_spec(cfg, video, text)
+    directory = cache_dir(found.root, spec, cfg.data.cache_dir)
+    barrier = _long_barrier()
+    if not (directory / MANIFEST).is_file():
+        if rank == 0:
+            others = sorted(
+                p.name for p in directory.parent.glob("*") if p != directory and (p / MANIFEST).is_file()
+            )
+            if others:
+                log(
+                    f"data: caches made with other settings exist ({', '.join(others)}); "
+                    f"preparing {directory.name}"
+                )
+            log(f"data: no latent cache at {directory}: preparing it now (python -m trainer.data.prepare)")
+            from trainer.data.stream import dataset_lock
+
+            with dataset_lock(found.root):
+                if not (directory / MANIFEST).is_file():
+                    prepare(cfg, 0, 1, log=log)
+    barrier()  # every rank, always: the decision to prepare is rank 0's alone
+    return directory, check_manifest(found, directory, spec)
+
+
+def _init_distributed() -> tuple[int, int, Callable[[], None]]:
+    if "RANK" not in os.environ:
+        return 0, 1, lambda: None
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(hours=12))  # only barriers go through it
+    return rank, world, lambda: dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer.config import ConfigError, load_config, parse_set
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.data.prepare", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", default="furniture_train")
+    parser.add_argument("--cpu-scale", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, cpu_scale=args.cpu_scale, overrides=parse_set(args.set))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    rank, world, barrier = _init_distributed()
+
+    def log(line: str) -> None:
+        print(line if world == 1 else f"[rank {rank}] {line}", flush=True)
+
+    try:
+        result = prepare(cfg, rank, world, barrier, log)
+        manifest_dir = result.directory
+        if rank == 0:
+            found = discover(data_root(cfg), cfg.data.task)
+            check_manifest(found, manifest_dir, make_spec(cfg, result.video, result.text))
+    except (DatasetError, StaleCache, ValueError) as exc:
+        print(f"prepare: {exc}", file=sys.stderr)
+        return 1
+    log(
+        f"prepare: rank {rank}: {result.encoded} episodes encoded, {result.kept} already cached; "
+        f"{result.frames} frames in {result.seconds:.1f} s ({result.frames_per_s:.1f} frames/s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
