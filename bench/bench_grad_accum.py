@@ -78,8 +78,14 @@ def _worker(out_dir: Path, pairs: int) -> None:
             times.append(time.perf_counter() - t0)
         isolated[kind] = {"numel": numel, "seconds": median(times)}
 
-    info = {"tokens_per_micro_batch": stream.tokens_per_micro_batch, "grad_accum": accum, "world": world,
-            "params": sum(p.numel() for p in model.parameters()), "device": str(device), "model": model_name}  # fmt: skip
+    info = {
+        "tokens_per_micro_batch": stream.tokens_per_micro_batch,
+        "grad_accum": accum,
+        "world": world,
+        "params": sum(p.numel() for p in model.parameters()),
+        "device": str(device),
+        "model": model_name,
+    }
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps({"records": records, "isolated": isolated, "info": info})
     )
@@ -125,7 +131,8 @@ def run(quick: bool = False) -> list[Table]:
         per_round = [x / y for x, y in zip(step[a], step[b], strict=True)]
         r = median(step[a]) / median(step[b])
         return (f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
-                f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)")  # fmt: skip
+                f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} "
+                "interleaved rounds)")  # fmt: skip
 
     winner = min(("sync-every", "sync-last"), key=lambda v: median(step[v]))
     table = Table(
@@ -138,9 +145,11 @@ def run(quick: bool = False) -> list[Table]:
         ratio=compare("sync-last", "sync-every") + f": {winner} wins",
         notes=[
             compare("sync-last + keep-unsharded", "sync-last") + ".",
-            f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); variants alternate "
+            f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); "
+            "variants alternate "
             "step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
-            "keep-unsharded: FSDP2 set_reshard_after_forward(False) and set_reshard_after_backward only on the "
+            "keep-unsharded: FSDP2 set_reshard_after_forward(False) and "
+            "set_reshard_after_backward only on the "
             "last micro-step, so parameters are all-gathered once per step instead of twice per micro-step.",
             "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
             "peak MiB: "

@@ -33,13 +33,13 @@ def test_set_overrides_are_typed():
         "furniture_train",
         cpu_scale=True,
         overrides=parse_set(
-            ["train.steps=7", "train.lr=3e-4", "checkpoint.export_safetensors=yes", "data.chunk_choices=1,2"]
+            ["train.steps=7", "train.lr=3e-4", "checkpoint.export_safetensors=yes", "train.betas=0.8,0.9"]
         ),
     )
     assert cfg.train.steps == 7 and isinstance(cfg.train.steps, int)
     assert cfg.train.lr == pytest.approx(3e-4)
     assert cfg.checkpoint.export_safetensors is True
-    assert cfg.data.chunk_choices == [1, 2]
+    assert cfg.train.betas == [0.8, 0.9]
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from tests.support.slurm import SlurmCluster, SlurmUnavailable
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 TINY = [
-    "model.dim=32", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
+    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
     "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
     "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
     "checkpoint.every=2", "checkpoint.keep=3",

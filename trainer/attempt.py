@@ -147,6 +147,7 @@ class Summary:
     torchrun_exit_code: int | None = None
     notes: list[str] | None = None
     env: dict[str, Any] | None = None  # {prefix, provisioned}
+    data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here

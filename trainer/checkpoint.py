@@ -155,6 +155,8 @@ class Checkpointer:
         world_size: int,
         attempt: str,
         export_safetensors: bool = False,
+        export: str = "none",
+        cfg: Any = None,
         every: int = 0,
         last_step: int = 0,
         async_save: bool = False,
@@ -166,6 +168,7 @@ class Checkpointer:
         self.world_size = world_size
         self.attempt = attempt
         self.export_safetensors = export_safetensors
+        self.export, self.cfg = export, cfg
         self.last_committed: CheckpointInfo | None = None
         self._pending: tuple | None = None
         self._async_group = None
@@ -233,6 +236,12 @@ class Checkpointer:
         torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
         if self.export_safetensors:
             self._export_safetensors(model, tmp / SAFETENSORS)
+        if (
+            self.export == "reference"
+        ):  # collective; rank 0 writes tmp/transformer/{config.json, *.safetensors}
+            from trainer.model import export_reference
+
+            export_reference(model, self.cfg, tmp)
         if self.rank == 0:
             saved = {**train_state, "step": step, "world_size": self.world_size}
             (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")

@@ -95,13 +95,9 @@ class DataConfig:
         "insert it into the tabletop and screw it in."
     )  # one per task (data.task); embedded with data.text_encoder, plus the empty prompt for dropout
     frames: int = 8  # latent frames per sample (clip length)
-    frames_per_chunk: int = 2  # frames per interleaved video/action chunk
     actions_per_frame: int = (
         2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
     )
-    chunk_choices: list[int] = field(default_factory=list)  # non-empty: sample frames_per_chunk per step
-    window: int = 4  # sliding window, in chunk blocks: |block_q - block_kv| <= window
-    window_choices: list[int] = field(default_factory=list)  # non-empty: sample window per step
     encoder: str = "patch_mean"  # wan_vae (real, needs vae_path) | patch_mean (weights-free stand-in)
     vae_path: str = ""  # Wan2.2 VAE folder: the released model's vae/ (or the model root holding vae/)
     text_encoder: str = (
@@ -111,7 +107,6 @@ class DataConfig:
     text_length: int = 512  # prompt tokens (reference max_sequence_length)
     latent_cache: bool = True  # precompute latents once, on disk next to the episodes (off: a temporary one)
     cache_dir: str = ""  # put the cache here instead of next to the data (read-only datasets)
-    noisy_history_prob: float = 0.0  # fallback draws only (the recipe owns it: recipe.noisy_history_prob)
 
 
 @dataclass
@@ -179,12 +174,22 @@ class RunConfig:
             (0 < m.action_used <= m.action_dim, "model.action_used must be in 1..model.action_dim"),
             (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
             (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}"),
-            (d.frames % d.frames_per_chunk == 0, "data.frames must be a multiple of data.frames_per_chunk"),
             (
-                all(d.frames % c == 0 for c in d.chunk_choices),
-                "every data.chunk_choices entry must divide data.frames",
+                1 <= len(d.cameras) <= 3 and len(set(d.cameras)) == len(d.cameras),
+                "data.cameras must be 1-3 distinct of color_image1, color_image2, color_image3",
             ),
-            (d.window >= 0, "data.window must be >= 0"),
+            (
+                1 <= self.recipe.chunk_min <= self.recipe.chunk_max,
+                "recipe.chunk_min must be in 1..recipe.chunk_max",
+            ),
+            (
+                0 <= self.recipe.window_min <= self.recipe.window_max,
+                "recipe.window_min must be in 0..recipe.window_max",
+            ),
+            (
+                self.checkpoint.export in ("none", "reference"),
+                "checkpoint.export must be none or reference",
+            ),
             (
                 t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0,
                 "train.steps, grad_accum, batch_size must be > 0",

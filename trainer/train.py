@@ -91,7 +91,14 @@ def build(
 
     Same seed on every rank: identical initial weights before sharding."""
     model = build_model(cfg, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    optimizer = torch.optim.AdamW(  # the reference's AdamW (wan_va/train.py): betas, eps, weight decay
+        model.parameters(),
+        lr=cfg.train.lr,
+        betas=(cfg.train.betas[0], cfg.train.betas[1]),
+        eps=cfg.train.adam_eps,
+        weight_decay=cfg.train.weight_decay,
+        fused=device.type == "cuda",
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     stream = build_stream(cfg, rank, world_size)
     ckpt_root = run_dir / "checkpoints"
@@ -102,6 +109,8 @@ def build(
         world_size=world_size,
         attempt=attempt_id,
         export_safetensors=cfg.checkpoint.export_safetensors,
+        export=cfg.checkpoint.export,
+        cfg=cfg,
         every=cfg.checkpoint.every,
         last_step=cfg.train.steps,
         async_save=cfg.checkpoint.async_save,
@@ -351,6 +360,7 @@ def _summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str, sta
         world_size=rig.world_size,
         attempt=attempt_id,
         config=rig.cfg.name,
+        data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
     )
 
 

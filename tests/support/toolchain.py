@@ -283,7 +283,10 @@ def _build_packages(deb_files: dict[str, Path], work: Path) -> list[str]:
         "sysroot_linux-64": (GLIBC_VERSION, []),
         "binutils_impl_linux-64": (BINUTILS_VERSION, ["sysroot_linux-64"]),
         "binutils_linux-64": (BINUTILS_VERSION, [f"binutils_impl_linux-64 {bin_pin}", "sysroot_linux-64"]),
-        "gcc_impl_linux-64": (GCC_VERSION, [f"binutils_impl_linux-64 >={BINUTILS_VERSION}", "sysroot_linux-64"]),
+        "gcc_impl_linux-64": (
+            GCC_VERSION,
+            [f"binutils_impl_linux-64 >={BINUTILS_VERSION}", "sysroot_linux-64"],
+        ),
         "gcc_linux-64": (GCC_VERSION, [f"binutils_linux-64 {bin_pin}", f"gcc_impl_linux-64 {gcc_pin}",
                                        "sysroot_linux-64"]),
         "gxx_impl_linux-64": (GCC_VERSION, [f"gcc_impl_linux-64 {GCC_VERSION}", "sysroot_linux-64"]),
@@ -307,7 +310,8 @@ def _trim(root: Path) -> None:
 
 
 def _relativize_symlinks(root: Path) -> None:
-    """Absolute links (e.g. lib64/ld-linux-x86-64.so.2 -> /lib/...) would point at the host: make them relative."""
+    """Absolute links (e.g. lib64/ld-linux-x86-64.so.2 -> /lib/...) would point at the host: "
+    "make them relative."""
     for link in root.rglob("*"):
         if link.is_symlink() and os.readlink(link).startswith("/"):
             target = root / os.readlink(link).lstrip("/")
@@ -329,7 +333,8 @@ def _activation(package: str, variables: dict[str, str]) -> dict[str, bytes]:
         for var, cmd in variables.items()
     )
     off = "\n".join(
-        f'if [ -n "${{CONDA_BACKUP_{var}:-}}" ]; then export {var}="$CONDA_BACKUP_{var}"; else unset {var}; fi\n'
+        f'if [ -n "${{CONDA_BACKUP_{var}:-}}" ]; then export {var}="$CONDA_BACKUP_{var}"; else '
+        f"unset {var}; fi\n"
         f"unset CONDA_BACKUP_{var}"
         for var in variables
     )

@@ -34,22 +34,21 @@ import tempfile
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 
-from trainer.data import _contract_shim as contract
+from trainer.batch import ACTION_SLOTS, CleanBatch
 from trainer.data.cache import cache_dir
 from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery, discover
 from trainer.data.furniturebench import DatasetError
 from trainer.data.generate import generate_dataset
 from trainer.data.normalize import QuantileNormalizer
-from trainer.losses import sample_sigmas
 from trainer.masks import SequenceShape, sequence_shape
+from trainer.recipe import EmptyText, draw_micro_batch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NOISY_HISTORY_SIGMA = (0.0, 0.5)  # fallback draws only (without trainer/recipe.py)
-SIGMA_SHIFT = 1.0  # fallback draws only
 ACTION_CLIP = 1.5  # reference _action_post_process; recipe.action_clip when the recipe config exists
 
 BATCH_KEYS = {
@@ -161,7 +160,7 @@ class BatchStream:
                 f"{resolve_data_path(cfg)}: actions: episodes have {actions[0].shape[1]} action channels, "
                 f"model.action_used={used} wants more"
             )
-        slots = list(contract.action_slots(used))
+        slots = list(ACTION_SLOTS[:used])
         clip = float(getattr(getattr(cfg, "recipe", None), "action_clip", ACTION_CLIP))
         self.actions = []
         for e, a in enumerate(actions):
@@ -207,22 +206,6 @@ class BatchStream:
         n = len(self.clips)
         return [int(self._permutation(g // n)[g % n]) for g in range(first, first + self.batch_size)]
 
-    def mask_choices(self, step: int) -> tuple[int, int]:
-        """Fallback draws only: (frames_per_chunk, window) for a step, the same on every rank."""
-        d = self.cfg.data
-        g = _seeded(self.seed, 0xC4C, step)
-        chunk = (
-            d.chunk_choices[int(torch.randint(len(d.chunk_choices), (), generator=g))]
-            if d.chunk_choices
-            else d.frames_per_chunk
-        )
-        window = (
-            d.window_choices[int(torch.randint(len(d.window_choices), (), generator=g))]
-            if d.window_choices
-            else d.window
-        )
-        return int(chunk), int(window)
-
     def clean_batch(self, idx: list[int]) -> dict[str, torch.Tensor]:
         frames, t = self.cfg.data.frames, self.apf
         lat, act = [], []
@@ -243,34 +226,12 @@ class BatchStream:
         idx = self.sample_indices(step, micro)
         clean = self.clean_batch(idx)
         g = _seeded(self.seed, step, micro, self.rank)
-        if contract.HAVE_RECIPE and hasattr(self.cfg, "recipe"):
-            batch = contract.draw(self.cfg, clean, self.empty_emb, self.empty_mask, g)
-        else:
-            batch = self._fallback_draws(clean, step, g)
+        # every random draw of the recipe, in its documented order (trainer/recipe.py)
+        empty = EmptyText(emb=self.empty_emb, mask=self.empty_mask)
+        drawn = draw_micro_batch(self.cfg.recipe, cast(CleanBatch, clean), empty, g)
+        batch = cast(dict[str, torch.Tensor], dict(drawn))
         batch["sample_index"] = torch.tensor(idx, dtype=torch.long)
         return batch
-
-    def _fallback_draws(self, clean: dict, step: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-        """The seed's draws, used only while trainer/recipe.py is absent (this branch alone)."""
-        latents, actions = clean["latents"], clean["actions"]
-        b, frames = latents.shape[:2]
-        augment = torch.rand(b, generator=g) < self.cfg.data.noisy_history_prob
-        lo, hi = NOISY_HISTORY_SIGMA
-        history_draw = lo + (hi - lo) * torch.rand(b, frames, generator=g)
-        history = torch.where(augment[:, None], history_draw, torch.zeros(b, frames))
-        chunk, window = self.mask_choices(step)
-        return {
-            **clean,
-            "latent_noise": torch.randn(latents.shape, generator=g),
-            "action_noise": torch.randn(actions.shape, generator=g),
-            "history_noise": torch.randn(latents.shape, generator=g),
-            "latent_sigma": sample_sigmas((b, frames), g, SIGMA_SHIFT),
-            "action_sigma": sample_sigmas((b, frames), g, SIGMA_SHIFT),
-            "history_sigma": history,
-            "frames_per_chunk": torch.tensor(chunk, dtype=torch.long),
-            "window": torch.tensor(window, dtype=torch.long),
-            "text_dropped": torch.zeros(b, dtype=torch.bool),
-        }
 
     def describe(self) -> str:
         return (
