@@ -19,11 +19,13 @@ half-deleted directory is never taken for a complete one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,16 +44,40 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from provision.atomic import fsync_dir
+from trainer.diskspace import OutOfSpace, find_out_of_space, guard
 
 MARKER = "COMPLETE"
 TRAIN_STATE = "train_state.json"
 SAFETENSORS = "model.safetensors"
 _FINAL = re.compile(r"^checkpoint_step_(\d+)$")
 _PARTIAL = re.compile(r"^checkpoint_step_(\d+)\.tmp-")
+_DAMAGED = re.compile(r"^checkpoint_step_(\d+)\.damaged-")  # moved aside, never deleted
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from; the message names it and the fix."""
+
+
+class PeerStopped(RuntimeError):
+    """This rank stops because another rank could not save (its record says why)."""
+
+
+@dataclass
+class _Pending:
+    step: int
+    tmp: Path
+    final: Path
+    future: Any
+    before_commit: Callable[[], None] | None
+    failure: OutOfSpace | None
+
+
+def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,67 @@ def _is_complete(path: Path, step: int) -> bool:
         return all((path / name).stat().st_size == size for name, size in marker["files"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
+
+
+def damage(path: Path, step: int, checksums: bool) -> str | None:
+    """Why a checkpoint directory that has a COMPLETE marker does not match it (None: intact).
+    checksums=False compares sizes only (cheap); True also each file's sha256 (a full read)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        files, digests = marker["files"], marker.get("sha256") or {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its {MARKER} marker is unreadable ({exc})"
+    if marker.get("step") != step:
+        return f"its {MARKER} marker names step {marker.get('step')}"
+    for name, size in sorted(files.items()):
+        try:
+            actual = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} is {actual} bytes, {MARKER} says {size}"
+    for name, digest in sorted(digests.items()) if checksums else ():
+        if file_sha256(path / name) != digest:
+            return f"{name} does not match its sha256 in {MARKER}"
+    return None
+
+
+@dataclass(frozen=True)
+class Damaged:
+    step: int
+    path: str  # where it was
+    moved_to: str  # where it is now (never deleted)
+    problem: str
+
+
+def quarantine_damaged(root: Path) -> list[Damaged]:
+    """Move aside every damaged checkpoint under `root` (checkpoint_step_N.damaged-<time>): sizes for all
+    that carry a marker, sha256 for the newest intact one (the one a resume loads) until one passes."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    moved = []
+
+    def aside(path: Path, step: int, problem: str) -> None:
+        target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.replace(path, target)
+        moved.append(Damaged(step, str(path), str(target), problem))
+
+    for entry in sorted(root.iterdir()):
+        final = _FINAL.match(entry.name)
+        if final and entry.is_dir() and (entry / MARKER).exists():
+            problem = damage(entry, int(final.group(1)), checksums=False)
+            if problem:
+                aside(entry, int(final.group(1)), problem)
+    while True:
+        complete, _ = scan(root)
+        if not complete:
+            break
+        problem = damage(complete[-1].path, complete[-1].step, checksums=True)
+        if problem is None:
+            break
+        aside(complete[-1].path, complete[-1].step, problem)
+    return moved
 
 
 def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
@@ -158,7 +245,7 @@ class Checkpointer:
         every: int = 0,
         last_step: int = 0,
         async_save: bool = False,
-    ):
+    ) -> None:
         self.root = Path(root)
         self.keep = keep
         self.every, self.last_step, self.async_save = every, last_step, async_save
@@ -167,7 +254,8 @@ class Checkpointer:
         self.attempt = attempt
         self.export_safetensors = export_safetensors
         self.last_committed: CheckpointInfo | None = None
-        self._pending: tuple | None = None
+        self._pending: _Pending | None = None
+        self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
         self._async_group = None
 
     def due(self, step: int, stopping: bool) -> bool:
@@ -205,14 +293,16 @@ class Checkpointer:
         step: int,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler,
+        scheduler: Any,
         *,
-        train_state: dict,
+        train_state: dict[str, Any],
         before_commit: Callable[[], None] | None = None,
         asynchronous: bool = False,
     ) -> CheckpointInfo | None:
         """Collective. Returns the committed checkpoint; with asynchronous=True DCP writes from a
-        background thread and the checkpoint is committed by the next save() or finish() (returns None)."""
+        background thread and the checkpoint is committed by the next save() or finish() (returns None).
+        Out of space on any rank: every rank raises (OutOfSpace there, PeerStopped elsewhere) and the
+        partial directory is removed at once; earlier checkpoints are untouched."""
         self.finish()  # at most one save in flight: commit the previous one first
         final = checkpoint_dir(self.root, step)
         tmp = final.with_name(f"{final.name}.tmp-{self.attempt}")
@@ -224,43 +314,93 @@ class Checkpointer:
 
         state = {"train": TrainState(model, optimizer, scheduler)}
         future = None
-        if asynchronous:
-            # Its own gloo group: the background thread's collectives must not interleave with training's.
-            self._async_group = self._async_group or dist.new_group(backend="gloo")
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
-        else:
-            dcp.save(state, checkpoint_id=tmp)
-        torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
-        if self.export_safetensors:
-            self._export_safetensors(model, tmp / SAFETENSORS)
-        if self.rank == 0:
-            saved = {**train_state, "step": step, "world_size": self.world_size}
-            (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-        self._pending = (step, tmp, final, future, before_commit)
-        return None if asynchronous else self.finish()
+        failure: OutOfSpace | None = None
+        try:
+            with guard(tmp, "checkpoint save", self.estimate):
+                if asynchronous:
+                    # Its own gloo group: the background thread's collectives must not interleave.
+                    self._async_group = self._async_group or dist.new_group(backend="gloo")
+                    future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+                else:
+                    dcp.save(state, checkpoint_id=tmp)
+                torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+                if self.export_safetensors:
+                    self._export_safetensors(model, tmp / SAFETENSORS)
+                if self.rank == 0:
+                    saved = {**train_state, "step": step, "world_size": self.world_size}
+                    (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+        except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps a rank's ENOSPC
+            failure = find_out_of_space(exc, "checkpoint save", tmp)
+            if failure is None:
+                raise
+            failure.report.needed = failure.report.needed or self.estimate
+        self._pending = _Pending(step, tmp, final, future, before_commit, failure)
+        return None if asynchronous and failure is None else self.finish()
 
     def finish(self) -> CheckpointInfo | None:
         """Commit the save in flight, if any (collective); returns it."""
         if self._pending is None:
             return None
-        (step, tmp, final, future, before_commit), self._pending = self._pending, None
-        if future is not None:
-            future.result()  # this rank's DCP files are written
-        if before_commit is not None:
-            before_commit()
-        dist.barrier()  # every rank's files are written
-
+        pending, self._pending = self._pending, None
+        failure = pending.failure
+        if pending.future is not None and failure is None:
+            try:
+                pending.future.result()  # this rank's DCP files are written
+            except BaseException as exc:  # CheckpointException is a BaseException
+                failure = find_out_of_space(exc, "checkpoint save", pending.tmp)
+                if failure is None:
+                    raise
+        if pending.before_commit is not None:
+            pending.before_commit()
+        hashes = self._own_checksums(pending.tmp) if failure is None else {}
+        everyone = self._agree(failure, pending.tmp, hashes)  # every rank's files are written
         if self.rank == 0:
-            self._commit(tmp, final, step)
-            self._prune(keep_step=step)
-        dist.barrier()  # nobody goes on (or exits) before the checkpoint is in place
-        self.last_committed = CheckpointInfo(step, final)
+            try:
+                with guard(pending.tmp, "checkpoint save", self.estimate):
+                    self._commit(pending.tmp, pending.final, pending.step, everyone)
+                self._prune(keep_step=pending.step)
+            except OutOfSpace as exc:
+                failure = exc
+        self._agree(failure, pending.tmp, {})  # nobody goes on (or exits) before it is in place
+        self.last_committed = CheckpointInfo(pending.step, pending.final)
         return self.last_committed
 
-    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+    def _own_checksums(self, tmp: Path) -> dict[str, str]:
+        """sha256 of the files this rank wrote (its DCP shards and RNG; rank 0 also the rest)."""
+        mine = (f"__{self.rank}_", f"rng_rank{self.rank}.")
+        names = [p.name for p in sorted(tmp.iterdir()) if p.is_file()]
+        others = (f"__{r}_" for r in range(self.world_size))
+        shared = [n for n in names if not n.startswith(("__", "rng_rank"))]
+        own = [n for n in names if n.startswith(mine)]
+        if self.rank == 0:
+            own += shared + [n for n in names if n.startswith("__") and not n.startswith(tuple(others))]
+        return {name: file_sha256(tmp / name) for name in own}
+
+    def _agree(self, failure: OutOfSpace | None, tmp: Path, hashes: dict[str, str]) -> dict[str, str]:
+        """Collective: every rank learns whether any rank failed (then all raise, the partial directory is
+        removed at once by rank 0) and rank 0 gets every rank's checksums."""
+        report = failure.to_json() if failure is not None else None
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (report, hashes))
+        reports = [r for r, _ in gathered if r is not None]
+        if reports:
+            if self.rank == 0:
+                _remove(tmp)
+            if failure is not None:
+                raise failure
+            raise PeerStopped(f"another rank could not save the checkpoint: {reports[0].get('path')}")
+        merged: dict[str, str] = {}
+        for _, h in gathered:
+            merged.update(h)
+        return merged
+
+    def _commit(self, tmp: Path, final: Path, step: int, checksums: dict[str, str]) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        missing = sorted(set(files) - set(checksums))
+        for name in missing:  # a file no rank claimed (a DCP naming change): hash it here
+            checksums[name] = file_sha256(tmp / name)
         with open(tmp / MARKER, "w") as f:
-            json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
+            json.dump({"step": step, "files": files, "sha256": checksums}, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
@@ -278,7 +418,7 @@ class Checkpointer:
             if old.step != keep_step:
                 _remove(old.path)
         for entry in self.root.iterdir():
-            if not _FINAL.match(entry.name) and entry.is_dir():
+            if not _FINAL.match(entry.name) and not _DAMAGED.match(entry.name) and entry.is_dir():
                 _remove(entry)
 
     def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:

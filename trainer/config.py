@@ -82,6 +82,7 @@ class CheckpointConfig:
     keep: int = 3
     export_safetensors: bool = False  # consolidated weights for evaluation, next to each checkpoint
     async_save: bool = False
+    skip_space_check: bool = False  # preflight: do not refuse a run dir too small for keep + 1 checkpoints
 
 
 @dataclass

@@ -36,7 +36,7 @@ from provision.atomic import write_atomic
 from provision.paths import repo_root
 from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
-from trainer.checkpoint import resume_conflicts, scan
+from trainer.checkpoint import quarantine_damaged, resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
 from trainer.diskspace import OutOfSpace, guard
 from trainer.launcher import supervise
@@ -45,7 +45,7 @@ from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, EnvChoice, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
-from trainer.launcher.preflight import check_run_dir, env_checks
+from trainer.launcher.preflight import check_run_dir, env_checks, space_check
 from trainer.launcher.rendezvous import Rendezvous, rendezvous
 from trainer.launcher.verdict import Verdict, verdict
 
@@ -71,6 +71,7 @@ class Launch:
     choice: EnvChoice
     env: dict[str, str]
     cpu_scale: bool
+    damaged: list[dict[str, Any]] | None = None  # checkpoints moved aside by this launch
 
 
 def default_run_dir(config: str) -> Path:
@@ -181,6 +182,7 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     run_dir = (args.run_dir or default_run_dir(args.config)).absolute()
     known.run_dir, known.cfg = run_dir, cfg
 
+    damaged = _quarantine(run_dir, args, environ)
     # A finished run stays finished: say so, train nothing.
     complete, _ = scan(run_dir / "checkpoints")
     if complete and complete[-1].step >= cfg.train.steps:
@@ -199,10 +201,27 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         return EXIT_PREFLIGHT
     try:
         launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
+        launch.damaged = damaged or None
         attempt = _prepare_attempt(launch, args.nproc, environ)
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
     return _run(launch, attempt, args, environ, started)
+
+
+def _quarantine(run_dir: Path, args: argparse.Namespace, environ: dict[str, str]) -> list[dict[str, Any]]:
+    """Node 0 moves damaged checkpoints aside (never deletes them) and names each; the ranks then resume
+    from the newest intact one."""
+    node_rank = args.node_rank if args.node_rank is not None else int(environ.get("SLURM_NODEID") or 0)
+    if node_rank != 0:
+        return []
+    try:
+        moved = quarantine_damaged(run_dir / "checkpoints")
+    except OSError as exc:
+        say(f"could not check the checkpoints in {run_dir / 'checkpoints'}: {exc}")
+        return []
+    for d in moved:
+        say(f"damaged checkpoint {d.path}: {d.problem}; moved aside to {d.moved_to} (not deleted)")
+    return [dataclasses.asdict(d) for d in moved]
 
 
 def _settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
@@ -261,6 +280,9 @@ def _preflight(
     env = job_environment(choice, environ)
     for note in env_checks(choice, env):
         say(note)
+    if rdzv.node_rank == 0:
+        for note in space_check(run_dir, cfg, world_size):
+            say(note)
     return Launch(cfg, run_dir, rdzv, world_size, choice, env, cpu_scale)
 
 
@@ -302,6 +324,7 @@ def write_running_summary(launch: Launch, attempt: Attempt) -> None:
             config=launch.cfg.name,
             nnodes=launch.rdzv.nnodes,
             world_size=launch.world_size,
+            damaged_checkpoints=launch.damaged,
             previous_status=before.status if before else None,
             previous=previous,
         ),
@@ -389,6 +412,7 @@ def write_final_summary(
         torchrun_exit_code=rc,
         notes=result.notes,
         out_of_space=result.out_of_space,
+        damaged_checkpoints=launch.damaged,
         attempt=attempt.id,
         nnodes=launch.rdzv.nnodes,
         world_size=launch.world_size,
