@@ -36,9 +36,15 @@ def _worker(out_dir: Path, pairs: int) -> None:
 
     rank, world, device = init_distributed()
     cfg = bench_config()
-    rig = TrainingRig(cfg, rank, world, device)
-    model, stream, breakdown, optimizer_step = rig.model, rig.stream, rig.breakdown, rig.step
-    cuda, accum, model_name = device.type == "cuda", cfg.train.grad_accum, rig.model_name
+    rigs = {
+        name: TrainingRig(
+            cfg, rank, world, device, out_dir / f"run-{i}", grad_sync=sync, keep_params_gathered=keep
+        )
+        for i, (name, (sync, keep)) in enumerate(VARIANTS.items())
+    }
+    first = next(iter(rigs.values()))
+    model, stream = first.model, first.stream
+    cuda, accum, model_name = device.type == "cuda", cfg.train.grad_accum, first.model_name
 
     records = []
     for pair in range(pairs + 1):  # pair 0 warms up (allocator, first-call overheads) and is dropped
@@ -47,14 +53,14 @@ def _worker(out_dir: Path, pairs: int) -> None:
         for sync in order:
             dist.barrier()
             with PeakMemory(device) as mem:
-                record = optimizer_step(pair, *VARIANTS[sync])
+                record = rigs[sync].step(pair)
             if pair > 0:
                 records.append(
                     {
                         "pair": pair,
                         "sync": sync,
                         "peak_bytes": mem.peak,
-                        "calls": breakdown.comm_calls,
+                        "calls": rigs[sync].breakdown.comm_calls,
                         **record,
                     }
                 )
@@ -78,8 +84,14 @@ def _worker(out_dir: Path, pairs: int) -> None:
             times.append(time.perf_counter() - t0)
         isolated[kind] = {"numel": numel, "seconds": median(times)}
 
-    info = {"tokens_per_micro_batch": stream.tokens_per_micro_batch, "grad_accum": accum, "world": world,
-            "params": sum(p.numel() for p in model.parameters()), "device": str(device), "model": model_name}  # fmt: skip
+    info = {
+        "tokens_per_micro_batch": stream.tokens_per_micro_batch,
+        "grad_accum": accum,
+        "world": world,
+        "params": sum(p.numel() for p in model.parameters()),
+        "device": str(device),
+        "model": model_name,
+    }
     (out_dir / f"rank{rank}.json").write_text(
         json.dumps({"records": records, "isolated": isolated, "info": info})
     )
@@ -124,8 +136,10 @@ def run(quick: bool = False) -> list[Table]:
     def compare(a: str, b: str) -> str:
         per_round = [x / y for x, y in zip(step[a], step[b], strict=True)]
         r = median(step[a]) / median(step[b])
-        return (f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
-                f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)")  # fmt: skip
+        return (
+            f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
+            f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)"
+        )
 
     winner = min(("sync-every", "sync-last"), key=lambda v: median(step[v]))
     table = Table(
@@ -138,10 +152,11 @@ def run(quick: bool = False) -> list[Table]:
         ratio=compare("sync-last", "sync-every") + f": {winner} wins",
         notes=[
             compare("sync-last + keep-unsharded", "sync-last") + ".",
-            f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); variants alternate "
-            "step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
-            "keep-unsharded: FSDP2 set_reshard_after_forward(False) and set_reshard_after_backward only on the "
-            "last micro-step, so parameters are all-gathered once per step instead of twice per micro-step.",
+            f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); "
+            "variants alternate step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
+            "keep-unsharded: train.keep_params_gathered=true as the trainer builds it (reshard_after_forward "
+            "False, reshard after backward on the last micro-step only); each variant is its own rig built "
+            "by trainer.train.build and stepped by trainer.train.train_step.",
             "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
             "peak MiB: "
             + (

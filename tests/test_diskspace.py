@@ -61,13 +61,14 @@ class Tmpfs:
     def fill(self) -> Path:
         """Write a filler file until the filesystem is full; returns it (delete it to free the space)."""
         filler = self.path / "filler"
-        with open(filler, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-            except OSError:
-                pass
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
         return filler
 
     def umount(self) -> None:

@@ -423,8 +423,11 @@ def write_final_summary(
         with guard(proto.summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
             proto.write_summary(launch.run_dir, summary)
     except OSError as exc:
-        line = exc.line(launch.cfg.checkpoint.keep) if isinstance(exc, OutOfSpace) else str(exc)
-        say(f"could not write the summary ({result.status}, exit {exit_code}): {line}")
+        why = f"{exc.report.mount_point} is full" if isinstance(exc, OutOfSpace) else str(exc)
+        say(
+            f"could not write the summary ({result.status}, exit {exit_code}): {why}; "
+            f"{proto.summary_path(launch.run_dir)} still says running (this attempt), never a success"
+        )
         return False
     return True
 
