@@ -195,7 +195,7 @@ def test_asynchronous_save_is_committed_by_the_next_save_or_finish(process_group
 
 
 def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
-    from trainer.checkpoint import file_sha256
+    from trainer.checkpoint_layout import file_sha256
 
     model, optimizer, scheduler = make_state()
     info = Checkpointer(tmp_path, keep=2, rank=0, world_size=1, attempt="c1").save(
@@ -208,7 +208,7 @@ def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
 
 
 def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_resumes(process_group, tmp_path):
-    from trainer.checkpoint import quarantine_damaged
+    from trainer.checkpoint_layout import quarantine_damaged
 
     model, optimizer, scheduler = make_state()
     ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="d1")

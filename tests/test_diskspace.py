@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import damage, scan
+from trainer.checkpoint_layout import damage, scan
 from trainer.checkpoint_size import estimate_bytes, model_size
 from trainer.config import load_config
 

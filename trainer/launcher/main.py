@@ -36,7 +36,8 @@ from provision.atomic import write_atomic
 from provision.paths import repo_root
 from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
-from trainer.checkpoint import quarantine_damaged, resume_conflicts, scan
+from trainer.checkpoint import resume_conflicts, scan
+from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
 from trainer.diskspace import OutOfSpace, guard
 from trainer.launcher import supervise
