@@ -52,7 +52,14 @@ from trainer.diskspace import OutOfSpace, find_out_of_space, guard
 from trainer.metrics import Metrics, memory_gib
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
-from trainer.rank import StopRequest, init_distributed, pause_point
+from trainer.rank import (
+    StopRequest,
+    agree_on_failure,
+    init_distributed,
+    pause_point,
+    raise_if_any,
+    record_quiet_failure,
+)
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
 
@@ -197,20 +204,6 @@ class LoopState:
     failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
 
 
-def agree_on_failure(failure: OutOfSpace | None, device: torch.device) -> None:
-    """Collective safe point: when any rank holds a failure, every rank raises (its own, or PeerStopped)."""
-    flag = torch.tensor(float(failure is not None), device=device)
-    dist.all_reduce(flag)
-    _raise_if_any(failure, flag.item() > 0)
-
-
-def _raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
-    if failure is not None:
-        raise failure
-    if anyone:
-        raise PeerStopped("another rank could not write (its record says why)")
-
-
 def _agree(
     rig: Rig, out: StepOutput, stop: StopRequest, failure: OutOfSpace | None
 ) -> tuple[dict[str, float], bool]:
@@ -220,7 +213,7 @@ def _agree(
     failed = torch.tensor(float(failure is not None), device=rig.device)
     agreed = torch.stack([out.latent_sum, out.action_sum, flag, failed])
     dist.all_reduce(agreed)
-    _raise_if_any(failure, agreed[3].item() > 0)
+    raise_if_any(failure, agreed[3].item() > 0)
     latent_loss, action_loss = (agreed[:2] / (rig.cfg.train.grad_accum * rig.world_size)).tolist()
     losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
     return losses, agreed[2].item() > 0
@@ -431,27 +424,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A full disk (here or on a peer): every rank stopped at the same safe point. Said in one line by
         # the launcher from this record; the detail goes to the attempt's log, not the terminal.
-        _record_quiet_failure(attempt, rank, cfg, space, exc)
+        record_quiet_failure(attempt, rank, cfg, space, exc)
     dist.destroy_process_group()
     if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
         os.abort()  # test hook: reproduce the teardown SIGABRT deterministically
     return 0
-
-
-def _record_quiet_failure(
-    attempt: Attempt, rank: int, cfg: RunConfig, space: OutOfSpace | None, exc: BaseException
-) -> None:
-    detail = traceback.format_exc()
-    error = space.line(cfg.checkpoint.keep) if space is not None else f"stopped: {exc}"
-    record = RankStatus(
-        rank, proto.FAILED, error=error, traceback=detail, out_of_space=space.to_json() if space else None
-    )
-    attempt.write_rank(record)  # falls back to a record line on stderr when even this cannot be written
-    try:
-        with open(attempt.dir / f"rank_{rank}.log", "a") as log:
-            log.write(detail)
-    except OSError:
-        pass  # the record (file or stderr line) carries the same traceback
 
 
 if __name__ == "__main__":
