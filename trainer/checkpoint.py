@@ -216,7 +216,7 @@ class Checkpointer:
                     saved = {**train_state, "step": step, "world_size": self.world_size}
                     (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps a rank's ENOSPC
-            failure = find_out_of_space(exc, "checkpoint save", tmp)
+            failure = find_out_of_space(exc, "checkpoint save", tmp) or self._short_of_space(tmp)
             if failure is None:
                 raise
             failure.report.needed = failure.report.needed or self.estimate
@@ -234,6 +234,7 @@ class Checkpointer:
                 pending.future.result()  # this rank's DCP files are written
             except BaseException as exc:  # CheckpointException is a BaseException
                 failure = find_out_of_space(exc, "checkpoint save", pending.tmp)
+                failure = failure or self._short_of_space(pending.tmp)
                 if failure is None:
                     raise
         if pending.before_commit is not None:
@@ -250,6 +251,19 @@ class Checkpointer:
         self._agree(failure, pending.tmp, {})  # nobody goes on (or exits) before it is in place
         self.last_committed = CheckpointInfo(pending.step, pending.final)
         return self.last_committed
+
+    def _short_of_space(self, tmp: Path) -> OutOfSpace | None:
+        """A save that failed without an errno (torch's zip writer turns a short write on a full disk into
+        RuntimeError "unexpected pos"), on a filesystem without room for one checkpoint: out of space."""
+        from provision.nodeinfo import free_bytes
+
+        try:
+            free = free_bytes(tmp)
+        except OSError:
+            return None
+        if self.estimate is None or free >= self.estimate:
+            return None
+        return OutOfSpace("checkpoint save", tmp, self.estimate)
 
     def _own_checksums(self, tmp: Path) -> dict[str, str]:
         """sha256 of the files this rank wrote (its DCP shards and RNG; rank 0 also the rest)."""
