@@ -163,8 +163,8 @@ def measure(quick: bool) -> Table:
     unique_skips = sorted(set(skipped))
     table = Table(
         title=f"Attention, LingBot mask ({device.type}, {dtype}, {heads} heads x {head_dim}, "
-        f"{TOKENS_PER_FRAME}+{ACTIONS_PER_FRAME} tokens/frame, window {WINDOW}, torch threads "
-        f"{torch.get_num_threads()})",
+        f"{TOKENS_PER_FRAME}+{ACTIONS_PER_FRAME} tokens/frame, window {WINDOW}, "
+        f"torch threads {torch.get_num_threads()})",
         columns=["tokens", "mask density", "backend", "pass", "median ms", "peak MiB above start"],
         rows=rows,
         ratio=ratio,

@@ -32,7 +32,7 @@ def _worker(out_dir: Path, repeats: int) -> None:
 
     rank, world, device = init_distributed()
     cfg = bench_config()
-    rig = TrainingRig(cfg, rank, world, device)
+    rig = TrainingRig(cfg, rank, world, device, out_dir / "rig")
     rig.step(0)  # warm-up; also creates the optimizer state that checkpoints carry
     dist.barrier()
     t0 = time.perf_counter()
@@ -72,7 +72,7 @@ def _worker(out_dir: Path, repeats: int) -> None:
         t1 = time.perf_counter()
         rig.step(2 + i)  # the loop goes on while the background thread writes
         overlapped_step = time.perf_counter() - t1
-        future.result()
+        future.result()  # type: ignore[union-attr]  # a Future without async_stager
         total = time.perf_counter() - t0
         dist.barrier()
         asyncs.append({"blocking": blocking, "total": total, "overlapped_step": overlapped_step})
@@ -129,15 +129,13 @@ def run(quick: bool = False) -> list[Table]:
         notes=[
             f"model: {r0['model']}; medians of {repeats} saves, each timed on the slower rank, "
             "barrier to barrier.",
-            "share = loop time lost per checkpoint / (interval x step time + that loss); for "
-            "async the loss is "
-            "the blocking part plus the slowdown of the step that overlaps the background write.",
-            "async_save needs its own process group (dist.new_group(backend='gloo')): on the "
-            "training group its "
-            "background collectives interleave with FSDP's and gloo aborts on the size mismatch.",
+            "share = loop time lost per checkpoint / (interval x step time + that loss); for async the loss "
+            "is the blocking part plus the slowdown of the step that overlaps the background write.",
+            "async_save needs its own process group (dist.new_group(backend='gloo')): on the training group "
+            "its background collectives interleave with FSDP's and gloo aborts on the size mismatch.",
             "Checkpointer.save is timed in its default synchronous mode; with checkpoint.async_save it uses "
-            "dcp.async_save on its own gloo group and writes the COMPLETE marker only after "
-            "the write finished.",
+            "dcp.async_save on its own gloo group and writes the COMPLETE marker only after the write "
+            "finished.",
         ],
     )
     return [table]

@@ -36,9 +36,15 @@ def _worker(out_dir: Path, pairs: int) -> None:
 
     rank, world, device = init_distributed()
     cfg = bench_config()
-    rig = TrainingRig(cfg, rank, world, device)
-    model, stream, breakdown, optimizer_step = rig.model, rig.stream, rig.breakdown, rig.step
-    cuda, accum, model_name = device.type == "cuda", cfg.train.grad_accum, rig.model_name
+    rigs = {
+        name: TrainingRig(
+            cfg, rank, world, device, out_dir / f"run-{i}", grad_sync=sync, keep_params_gathered=keep
+        )
+        for i, (name, (sync, keep)) in enumerate(VARIANTS.items())
+    }
+    first = next(iter(rigs.values()))
+    model, stream = first.model, first.stream
+    cuda, accum, model_name = device.type == "cuda", cfg.train.grad_accum, first.model_name
 
     records = []
     for pair in range(pairs + 1):  # pair 0 warms up (allocator, first-call overheads) and is dropped
@@ -47,14 +53,14 @@ def _worker(out_dir: Path, pairs: int) -> None:
         for sync in order:
             dist.barrier()
             with PeakMemory(device) as mem:
-                record = optimizer_step(pair, *VARIANTS[sync])
+                record = rigs[sync].step(pair)
             if pair > 0:
                 records.append(
                     {
                         "pair": pair,
                         "sync": sync,
                         "peak_bytes": mem.peak,
-                        "calls": breakdown.comm_calls,
+                        "calls": rigs[sync].breakdown.comm_calls,
                         **record,
                     }
                 )
@@ -130,9 +136,10 @@ def run(quick: bool = False) -> list[Table]:
     def compare(a: str, b: str) -> str:
         per_round = [x / y for x, y in zip(step[a], step[b], strict=True)]
         r = median(step[a]) / median(step[b])
-        return (f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
-                f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} "
-                "interleaved rounds)")  # fmt: skip
+        return (
+            f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
+            f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)"
+        )
 
     winner = min(("sync-every", "sync-last"), key=lambda v: median(step[v]))
     table = Table(
@@ -146,11 +153,10 @@ def run(quick: bool = False) -> list[Table]:
         notes=[
             compare("sync-last + keep-unsharded", "sync-last") + ".",
             f"model: {info['model']}; config furniture_train ({'cpu_scale' if cpu else 'cluster'}); "
-            "variants alternate "
-            "step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
-            "keep-unsharded: FSDP2 set_reshard_after_forward(False) and "
-            "set_reshard_after_backward only on the "
-            "last micro-step, so parameters are all-gathered once per step instead of twice per micro-step.",
+            "variants alternate step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
+            "keep-unsharded: train.keep_params_gathered=true as the trainer builds it (reshard_after_forward "
+            "False, reshard after backward on the last micro-step only); each variant is its own rig built "
+            "by trainer.train.build and stepped by trainer.train.train_step.",
             "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
             "peak MiB: "
             + (

@@ -131,6 +131,7 @@ class PeakMemory:
             self.peak = torch.cuda.max_memory_allocated(self.device)
         else:
             self._stop.set()
+            assert self._thread is not None
             self._thread.join()
             self.peak = max(self.peak, self.process.memory_info().rss)
 
@@ -150,64 +151,42 @@ def init_distributed():
 
 
 class TrainingRig:
-    """The project's model, sharding, optimizer and data, with the train loop's step (trainer/train.py)."""
+    """The trainer's own build() and train_step() (trainer/train.py): the step the loop runs, not a copy.
 
-    def __init__(self, cfg, rank: int, world: int, device):
-        import torch
+    grad_sync / keep_params_gathered override the config for this rig (each variant is its own rig,
+    built like a training run: same seed, so the same initial weights)."""
 
-        from trainer.data import build_stream
-        from trainer.model import WorldModel
-        from trainer.parallel import set_grad_sync, shard_model
+    def __init__(
+        self,
+        cfg,
+        rank: int,
+        world: int,
+        device,
+        run_dir: Path,
+        grad_sync: str | None = None,
+        keep_params_gathered: bool | None = None,
+    ):
+        import copy
 
-        self.model_name = "trainer.model.WorldModel"
-        from trainer.timing import StepBreakdown, install_comm_timing
+        from trainer.timing import install_comm_timing
+        from trainer.train import build
 
-        self.cfg, self.device, self.set_grad_sync = cfg, device, set_grad_sync
-        # shard as the FSDP2 default (reshard after forward); step() toggles keep_unsharded per variant
-        cfg.train.keep_params_gathered = False
-        torch.manual_seed(cfg.train.seed)
-        self.model = shard_model(WorldModel(cfg), cfg, device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda done: 1.0)
-        self.stream = build_stream(cfg, rank, world)
-        self.breakdown = StepBreakdown(device)
+        cfg = copy.deepcopy(cfg)
+        if grad_sync is not None:
+            cfg.train.grad_sync = grad_sync
+        if keep_params_gathered is not None:
+            cfg.train.keep_params_gathered = keep_params_gathered
+        self.cfg, self.device = cfg, device
+        self.rig = build(cfg, Path(run_dir), rank, world, device, attempt_id="bench")
+        self.model, self.optimizer, self.scheduler = self.rig.model, self.rig.optimizer, self.rig.scheduler
+        self.stream, self.breakdown = self.rig.stream, self.rig.breakdown
+        self.model_name = "trainer.train.build (trainer.parallel.build_model)"
         install_comm_timing(self.model, self.breakdown)
 
-    def step(self, step: int, sync: str | None = None, keep_unsharded: bool = False) -> dict:
-        """One optimizer step of grad_accum micro-batches; returns its StepBreakdown record.
+    def step(self, step: int) -> dict:
+        """One optimizer step through trainer.train.train_step; returns its StepBreakdown record."""
+        from trainer.train import train_step
 
-        keep_unsharded: parameters stay all-gathered from the first forward to the last backward
-        (FSDP2 set_reshard_after_forward(False) + set_reshard_after_backward on the last micro-step
-        only): one all-gather pass per step instead of two per micro-step, for unsharded-param memory.
-        """
-        import torch
-
-        sync = sync or self.cfg.train.grad_sync
-        accum, b = self.cfg.train.grad_accum, self.breakdown
-        if keep_unsharded:
-            self.model.set_reshard_after_forward(False)
-        b.start_step()
-        for micro in range(accum):
-            if keep_unsharded:
-                self.model.set_reshard_after_backward(micro == accum - 1)
-            self.set_grad_sync(self.model, sync == "every" or micro == accum - 1)
-            with b.phase("data"):
-                batch = self.stream.micro_batch(step, micro)
-            with b.phase("h2d"):
-                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            with b.phase("forward"):
-                loss = self.model(batch)["loss"] / accum
-            with b.phase("backward"):
-                loss.backward()
-        with b.phase("optimizer"):
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-        record = b.end_step()
-        if keep_unsharded:  # back to shard_model's settings: blocks reshard after forward, the root not
-            for module in self.model.blocks:
-                module.set_reshard_after_forward(True)
-        return record
+        self.breakdown.start_step()
+        train_step(self.rig, step)
+        return self.breakdown.end_step()

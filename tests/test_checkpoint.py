@@ -7,6 +7,7 @@ is covered end to end in test_resume.py).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +192,64 @@ def test_asynchronous_save_is_committed_by_the_next_save_or_finish(process_group
     ckpt.load(scan(tmp_path)[0][0], other_model, other_optimizer, other_scheduler)
     got, _ = snapshot(other_model, other_optimizer)
     assert all(torch.equal(params[k], got[k]) for k in params)  # step 1's weights, not later ones
+
+
+def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
+    from trainer.checkpoint_layout import file_sha256
+
+    model, optimizer, scheduler = make_state()
+    info = Checkpointer(tmp_path, keep=2, rank=0, world_size=1, attempt="c1").save(
+        1, model, optimizer, scheduler, train_state={}
+    )
+    marker = json.loads((info.path / MARKER).read_text())
+    names = sorted(p.name for p in info.path.iterdir() if p.name != MARKER)
+    assert sorted(marker["sha256"]) == sorted(marker["files"]) == names
+    assert all(marker["sha256"][n] == file_sha256(info.path / n) for n in names)
+
+
+def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_resumes(process_group, tmp_path):
+    from trainer.checkpoint_layout import quarantine_damaged
+
+    model, optimizer, scheduler = make_state()
+    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="d1")
+    for step in (2, 4, 6):
+        ckpt.save(step, model, optimizer, scheduler, train_state={})
+    shard = next((tmp_path / "checkpoint_step_6").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    shard.write_bytes(bytes(data))
+    with open(next((tmp_path / "checkpoint_step_4").glob("*.distcp")), "r+b") as f:
+        f.truncate(10)  # a truncated file: its size already tells
+    moved = quarantine_damaged(tmp_path)
+    assert sorted((d.step, "sha256" in d.problem or "bytes" in d.problem) for d in moved) == [
+        (4, True),
+        (6, True),
+    ]
+    assert all(Path(d.moved_to).is_dir() and not Path(d.path).exists() for d in moved)  # kept, not deleted
+    assert [c.step for c in scan(tmp_path)[0]] == [2]
+    ckpt.save(8, model, optimizer, scheduler, train_state={})  # pruning never removes what was moved aside
+    assert all(Path(d.moved_to).is_dir() for d in moved)
+
+
+def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_group, tmp_path):
+    from trainer.checkpoint_size import estimate_bytes, model_size
+    from trainer.parallel import build_model
+
+    cfg = load_config("furniture_train", cpu_scale=True)
+    model = build_model(cfg, torch.device("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0)
+    model(next(iter([_batch(cfg)])))["loss"].backward()
+    optimizer.step()  # AdamW's moments exist from the first step on
+    info = Checkpointer(tmp_path, keep=1, rank=0, world_size=1, attempt="e1").save(
+        1, model, optimizer, scheduler, train_state={"config": cfg.to_dict(), "losses": {}}
+    )
+    real = sum(p.stat().st_size for p in info.path.iterdir())
+    estimate = estimate_bytes(cfg, model_size(cfg), 1)
+    assert abs(estimate - real) / real < 0.10, (estimate, real)
+
+
+def _batch(cfg):
+    from trainer.data import build_stream
+
+    return build_stream(cfg, 0, 1).micro_batch(1, 0)

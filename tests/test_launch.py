@@ -60,6 +60,8 @@ class FakeTorchrun:
 
     def __init__(self, command, env, attempt):
         FakeTorchrun.calls.append((command, env, attempt.dir))
+        # what summary.json says while the ranks would be starting
+        FakeTorchrun.summary_at_start = json.loads((attempt.dir.parent.parent / "summary.json").read_text())
         self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
 
     def wait(self):
@@ -468,3 +470,16 @@ def test_torchrun_error_files_name_the_global_rank(tmp_path, monkeypatch):
     # A rank that failed before writing its own record is still named, with its error.
     v = verdict(4, 2, attempt, tmp_path, "att", 1, [])
     assert (v.status, v.failed_rank) == ("failed", 2) and "bad episode file" in v.reason
+
+
+def test_summary_says_running_before_any_rank_starts(tmp_path, passing_checks, fake_torchrun):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proto.write_summary(run_dir, proto.Summary(proto.COMPLETED, steps_requested=2, attempt="earlier"))
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 1  # fake ranks vanish
+    ((_, _, attempt_dir),) = fake_torchrun.calls
+    start = fake_torchrun.summary_at_start
+    assert (start["status"], start["attempt"], start["steps_requested"]) == ("running", attempt_dir.name, 4)
+    assert start["exit_code"] is None and start["previous_status"] == "completed"
+    end = json.loads((run_dir / "summary.json").read_text())
+    assert end["status"] == "failed" and end["attempt"] == attempt_dir.name  # never the earlier `completed`

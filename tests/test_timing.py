@@ -260,8 +260,8 @@ def ranks(tmp_path_factory) -> list[dict]:
     # ~1 in 7 runs) does not invalidate them, anything else does.
     if not all(f.exists() for f in files):
         pytest.fail(
-            f"torchrun exited {proc.returncode} without "
-            f"results:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+            f"torchrun exited {proc.returncode} without results:\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return [json.loads(f.read_text()) for f in files]
 

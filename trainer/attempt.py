@@ -149,6 +149,7 @@ class Summary:
     env: dict[str, Any] | None = None  # {prefix, provisioned}
     data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
+    damaged_checkpoints: list[dict[str, Any]] | None = None  # moved aside: {step, path, moved_to, problem}
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None

@@ -8,13 +8,17 @@ Layout under RUN_DIR/checkpoints/:
         train_state.json            step (= data position: batches are a pure function of the step),
                                     world size, the run config
         model.safetensors           optional consolidated weights for evaluation
-        COMPLETE                    JSON {step, files: {name: size}}, written last
+        COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}}, written last
     checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
+    checkpoint_step_N.damaged-<t>/  files no longer match COMPLETE: moved aside, never deleted
+(what counts as which: trainer/checkpoint_layout.py)
 
 A save writes everything into the .tmp directory, all ranks meet at a barrier, then rank 0 writes
 COMPLETE into it and renames it into place (atomic on POSIX). So kill -9 at any moment leaves the
 previous complete checkpoint as the latest one. Deleting an old checkpoint removes COMPLETE first, so a
-half-deleted directory is never taken for a complete one.
+half-deleted directory is never taken for a complete one. Out of space on any rank during a save:
+every rank raises at the save's agreement (OutOfSpace where it happened, PeerStopped elsewhere), the
+partial directory is removed at once, earlier checkpoints are untouched.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,67 +45,37 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from provision.atomic import fsync_dir
-
-MARKER = "COMPLETE"
-TRAIN_STATE = "train_state.json"
-SAFETENSORS = "model.safetensors"
-_FINAL = re.compile(r"^checkpoint_step_(\d+)$")
-_PARTIAL = re.compile(r"^checkpoint_step_(\d+)\.tmp-")
+from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout is part of this contract)
+    _DAMAGED,
+    _FINAL,
+    MARKER,
+    SAFETENSORS,
+    TRAIN_STATE,
+    CheckpointInfo,
+    checkpoint_dir,
+    file_sha256,
+    latest_complete,
+    scan,
+)
+from trainer.diskspace import OutOfSpace, find_out_of_space, guard
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from; the message names it and the fix."""
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
+class PeerStopped(RuntimeError):
+    """This rank stops because another rank could not save (its record says why)."""
+
+
+@dataclass
+class _Pending:
     step: int
-    path: Path
-
-    def train_state(self) -> dict:
-        return json.loads((self.path / TRAIN_STATE).read_text())
-
-
-def checkpoint_dir(root: Path, step: int) -> Path:
-    return Path(root) / f"checkpoint_step_{step}"
-
-
-def _is_complete(path: Path, step: int) -> bool:
-    """COMPLETE exists, names this step, and every file it lists is there with its recorded size."""
-    try:
-        marker = json.loads((path / MARKER).read_text())
-        if marker.get("step") != step:
-            return False
-        return all((path / name).stat().st_size == size for name, size in marker["files"].items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
-    """Complete checkpoints under `root`, oldest first, and (when there are none) why: for the log."""
-    root = Path(root)
-    if not root.is_dir():
-        return [], f"no checkpoint directory {root}"
-    complete, partial = [], []
-    for entry in root.iterdir():
-        final = _FINAL.match(entry.name)
-        if final and entry.is_dir() and _is_complete(entry, int(final.group(1))):
-            complete.append(CheckpointInfo(int(final.group(1)), entry))
-        elif final or _PARTIAL.match(entry.name):
-            partial.append(entry.name)
-    complete.sort(key=lambda c: c.step)
-    if complete:
-        return complete, ""
-    if partial:
-        return [], f"only partial checkpoints in {root} (no {MARKER} marker): {', '.join(sorted(partial))}"
-    return [], f"checkpoint directory {root} is empty"
-
-
-def latest_complete(root: Path) -> CheckpointInfo | None:
-    """The newest complete checkpoint; None (fresh start) for an absent dir, an empty one, or only
-    partial ones."""
-    complete, _ = scan(root)
-    return complete[-1] if complete else None
+    tmp: Path
+    final: Path
+    future: Any
+    before_commit: Callable[[], None] | None
+    failure: OutOfSpace | None
 
 
 class TrainState(Stateful):
@@ -160,7 +133,7 @@ class Checkpointer:
         every: int = 0,
         last_step: int = 0,
         async_save: bool = False,
-    ):
+    ) -> None:
         self.root = Path(root)
         self.keep = keep
         self.every, self.last_step, self.async_save = every, last_step, async_save
@@ -170,7 +143,8 @@ class Checkpointer:
         self.export_safetensors = export_safetensors
         self.export, self.cfg = export, cfg
         self.last_committed: CheckpointInfo | None = None
-        self._pending: tuple | None = None
+        self._pending: _Pending | None = None
+        self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
         self._async_group = None
 
     def due(self, step: int, stopping: bool) -> bool:
@@ -208,14 +182,16 @@ class Checkpointer:
         step: int,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler,
+        scheduler: Any,
         *,
-        train_state: dict,
+        train_state: dict[str, Any],
         before_commit: Callable[[], None] | None = None,
         asynchronous: bool = False,
     ) -> CheckpointInfo | None:
         """Collective. Returns the committed checkpoint; with asynchronous=True DCP writes from a
-        background thread and the checkpoint is committed by the next save() or finish() (returns None)."""
+        background thread and the checkpoint is committed by the next save() or finish() (returns None).
+        Out of space on any rank: every rank raises (OutOfSpace there, PeerStopped elsewhere) and the
+        partial directory is removed at once; earlier checkpoints are untouched."""
         self.finish()  # at most one save in flight: commit the previous one first
         final = checkpoint_dir(self.root, step)
         tmp = final.with_name(f"{final.name}.tmp-{self.attempt}")
@@ -227,49 +203,111 @@ class Checkpointer:
 
         state = {"train": TrainState(model, optimizer, scheduler)}
         future = None
-        if asynchronous:
-            # Its own gloo group: the background thread's collectives must not interleave with training's.
-            self._async_group = self._async_group or dist.new_group(backend="gloo")
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
-        else:
-            dcp.save(state, checkpoint_id=tmp)
-        torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
-        if self.export_safetensors:
-            self._export_safetensors(model, tmp / SAFETENSORS)
-        if (
-            self.export == "reference"
-        ):  # collective; rank 0 writes tmp/transformer/{config.json, *.safetensors}
-            from trainer.model import export_reference
+        failure: OutOfSpace | None = None
+        try:
+            with guard(tmp, "checkpoint save", self.estimate):
+                if asynchronous:
+                    # Its own gloo group: the background thread's collectives must not interleave.
+                    self._async_group = self._async_group or dist.new_group(backend="gloo")
+                    future = dcp.async_save(state, checkpoint_id=tmp, process_group=self._async_group)
+                else:
+                    dcp.save(state, checkpoint_id=tmp)
+                torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
+                if self.export_safetensors:
+                    self._export_safetensors(model, tmp / SAFETENSORS)
+                if self.export == "reference":  # collective; rank 0 writes tmp/transformer/...
+                    from trainer.model import export_reference
 
-            export_reference(model, self.cfg, tmp)
-        if self.rank == 0:
-            saved = {**train_state, "step": step, "world_size": self.world_size}
-            (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-        self._pending = (step, tmp, final, future, before_commit)
-        return None if asynchronous else self.finish()
+                    export_reference(model, self.cfg, tmp)
+                if self.rank == 0:
+                    saved = {**train_state, "step": step, "world_size": self.world_size}
+                    (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+        except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps a rank's ENOSPC
+            failure = find_out_of_space(exc, "checkpoint save", tmp) or self._short_of_space(tmp)
+            if failure is None:
+                raise
+            failure.report.needed = failure.report.needed or self.estimate
+        self._pending = _Pending(step, tmp, final, future, before_commit, failure)
+        return None if asynchronous and failure is None else self.finish()
 
     def finish(self) -> CheckpointInfo | None:
         """Commit the save in flight, if any (collective); returns it."""
         if self._pending is None:
             return None
-        (step, tmp, final, future, before_commit), self._pending = self._pending, None
-        if future is not None:
-            future.result()  # this rank's DCP files are written
-        if before_commit is not None:
-            before_commit()
-        dist.barrier()  # every rank's files are written
-
+        pending, self._pending = self._pending, None
+        failure = pending.failure
+        if pending.future is not None and failure is None:
+            try:
+                pending.future.result()  # this rank's DCP files are written
+            except BaseException as exc:  # CheckpointException is a BaseException
+                failure = find_out_of_space(exc, "checkpoint save", pending.tmp)
+                failure = failure or self._short_of_space(pending.tmp)
+                if failure is None:
+                    raise
+        if pending.before_commit is not None:
+            pending.before_commit()
+        hashes = self._own_checksums(pending.tmp) if failure is None else {}
+        everyone = self._agree(failure, pending.tmp, hashes)  # every rank's files are written
         if self.rank == 0:
-            self._commit(tmp, final, step)
-            self._prune(keep_step=step)
-        dist.barrier()  # nobody goes on (or exits) before the checkpoint is in place
-        self.last_committed = CheckpointInfo(step, final)
+            try:
+                with guard(pending.tmp, "checkpoint save", self.estimate):
+                    self._commit(pending.tmp, pending.final, pending.step, everyone)
+                self._prune(keep_step=pending.step)
+            except OutOfSpace as exc:
+                failure = exc
+        self._agree(failure, pending.tmp, {})  # nobody goes on (or exits) before it is in place
+        self.last_committed = CheckpointInfo(pending.step, pending.final)
         return self.last_committed
 
-    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+    def _short_of_space(self, tmp: Path) -> OutOfSpace | None:
+        """A save that failed without an errno (torch's zip writer turns a short write on a full disk into
+        RuntimeError "unexpected pos"), on a filesystem without room for one checkpoint: out of space."""
+        from provision.nodeinfo import free_bytes
+
+        try:
+            free = free_bytes(tmp)
+        except OSError:
+            return None
+        if self.estimate is None or free >= self.estimate:
+            return None
+        return OutOfSpace("checkpoint save", tmp, self.estimate)
+
+    def _own_checksums(self, tmp: Path) -> dict[str, str]:
+        """sha256 of the files this rank wrote (its DCP shards and RNG; rank 0 also the rest)."""
+        mine = (f"__{self.rank}_", f"rng_rank{self.rank}.")
+        names = [p.name for p in sorted(tmp.iterdir()) if p.is_file()]
+        others = (f"__{r}_" for r in range(self.world_size))
+        shared = [n for n in names if not n.startswith(("__", "rng_rank"))]
+        own = [n for n in names if n.startswith(mine)]
+        if self.rank == 0:
+            own += shared + [n for n in names if n.startswith("__") and not n.startswith(tuple(others))]
+        return {name: file_sha256(tmp / name) for name in own}
+
+    def _agree(self, failure: OutOfSpace | None, tmp: Path, hashes: dict[str, str]) -> dict[str, str]:
+        """Collective: every rank learns whether any rank failed (then all raise, the partial directory is
+        removed at once by rank 0) and rank 0 gets every rank's checksums."""
+        report = failure.to_json() if failure is not None else None
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (report, hashes))
+        reports = [r for r, _ in gathered if r is not None]
+        if reports:
+            if self.rank == 0:
+                _remove(tmp)
+            if failure is not None:
+                raise failure
+            raise PeerStopped(f"another rank could not save the checkpoint: {reports[0].get('path')}")
+        merged: dict[str, str] = {}
+        for _, h in gathered:
+            merged.update(h)
+        return merged
+
+    def _commit(self, tmp: Path, final: Path, step: int, checksums: dict[str, str]) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        missing = sorted(set(files) - set(checksums))
+        for name in missing:  # a file no rank claimed (a DCP naming change): hash it here
+            checksums[name] = file_sha256(tmp / name)
         with open(tmp / MARKER, "w") as f:
-            json.dump({"step": step, "files": files}, f, indent=2, sort_keys=True)
+            json.dump({"step": step, "files": files, "sha256": checksums}, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
@@ -287,7 +325,7 @@ class Checkpointer:
             if old.step != keep_step:
                 _remove(old.path)
         for entry in self.root.iterdir():
-            if not _FINAL.match(entry.name) and entry.is_dir():
+            if not _FINAL.match(entry.name) and not _DAMAGED.match(entry.name) and entry.is_dir():
                 _remove(entry)
 
     def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:

@@ -134,6 +134,7 @@ class CheckpointConfig:
     export_safetensors: bool = False  # consolidated weights for evaluation, next to each checkpoint
     export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
+    skip_space_check: bool = False  # preflight: do not refuse a run dir too small for keep + 1 checkpoints
 
 
 @dataclass

@@ -16,10 +16,12 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
 from trainer.config import RunConfig
+from trainer.diskspace import OutOfSpace, guard
 from trainer.timing import format_breakdown
 
 
@@ -47,6 +49,7 @@ class Metrics:
         self.log_every = max(1, cfg.train.log_every)
         self.tensorboard = None
         self.wandb = None
+        self.failure: OutOfSpace | None = None  # a write that ran out of space (the loop stops on it)
         if not self.enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -78,19 +81,30 @@ class Metrics:
             config=cfg.to_dict(),
         )
 
+    def _write(self, stream: TextIO, text: str) -> None:
+        """A write that never raises for a full disk: the failure waits in .failure for the loop's next
+        safe point (every rank stops there together)."""
+        if self.failure is not None:
+            return
+        try:
+            with guard(stream.name, "metrics/log write", needed=len(text.encode())):
+                stream.write(text)
+        except OutOfSpace as exc:
+            self.failure = exc
+
     def info(self, message: str) -> None:
         if not self.enabled:
             return
         line = f"[train] {message}"
         print(line, flush=True)
-        self.text.write(line + "\n")
+        self._write(self.text, line + "\n")
 
     def log_step(self, step: int, values: dict[str, float], timing: dict[str, float]) -> None:
         """values: latent_loss, action_loss, loss, grad_norm, lr, s_per_it, tokens_per_s, memory_gib, ..."""
         if not self.enabled:
             return
         record = {"step": step, **values, "timing": timing}
-        self.jsonl.write(json.dumps(record) + "\n")
+        self._write(self.jsonl, json.dumps(record) + "\n")
         if self.tensorboard is not None:
             for key, value in values.items():
                 self.tensorboard.add_scalar(f"train/{key}", value, step)
@@ -129,6 +143,9 @@ class Metrics:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
-        self.text.close()
-        self.jsonl.close()
+        for stream in (self.text, self.jsonl):
+            try:
+                stream.close()
+            except OSError:  # flushing into a full disk: the failure was already reported
+                pass
         sys.stdout.flush()

@@ -1,4 +1,5 @@
-"""The rank's process around the loop: torch.distributed set-up, stop signals, test pause points.
+"""The rank's process around the loop: torch.distributed set-up, stop signals, test pause points, and
+the collective safe point for failed writes (agree_on_failure) and their quiet record.
 
 StopRequest: SIGTERM/SIGUSR1 (or the attempt's stop request) only set a flag, acted on at a safe point.
 pause_point: test hook (LINGBOT_TEST_PAUSE_AT=<point>:<step>) that parks a rank until released.
@@ -10,6 +11,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import FrameType
 
@@ -17,7 +19,11 @@ import torch
 import torch.distributed as dist
 
 from provision.atomic import write_json_atomic
-from trainer.attempt import Attempt
+from trainer import attempt as proto
+from trainer.attempt import Attempt, RankStatus
+from trainer.checkpoint import PeerStopped
+from trainer.config import RunConfig
+from trainer.diskspace import OutOfSpace
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -68,3 +74,33 @@ def init_distributed() -> tuple[int, int, int, torch.device]:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return rank, world_size, local_rank, device
+
+
+def agree_on_failure(failure: OutOfSpace | None, device: torch.device) -> None:
+    """Collective safe point: when any rank holds a failure, every rank raises (its own, or PeerStopped)."""
+    flag = torch.tensor(float(failure is not None), device=device)
+    dist.all_reduce(flag)
+    raise_if_any(failure, flag.item() > 0)
+
+
+def raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
+    if failure is not None:
+        raise failure
+    if anyone:
+        raise PeerStopped("another rank could not write (its record says why)")
+
+
+def record_quiet_failure(
+    attempt: Attempt, rank: int, cfg: RunConfig, space: OutOfSpace | None, exc: BaseException
+) -> None:
+    detail = traceback.format_exc()
+    error = space.line(cfg.checkpoint.keep) if space is not None else f"stopped: {exc}"
+    record = RankStatus(
+        rank, proto.FAILED, error=error, traceback=detail, out_of_space=space.to_json() if space else None
+    )
+    attempt.write_rank(record)  # falls back to a record line on stderr when even this cannot be written
+    try:
+        with open(attempt.dir / f"rank_{rank}.log", "a") as log:
+            log.write(detail)
+    except OSError:
+        pass  # the record (file or stderr line) carries the same traceback

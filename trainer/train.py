@@ -37,13 +37,29 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import attempt as proto
 from trainer.attempt import Attempt, CheckpointRef, Progress, RankStatus, Summary
-from trainer.checkpoint import Checkpointer, CheckpointError, CheckpointInfo, resume_conflicts, scan
+from trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CheckpointInfo,
+    PeerStopped,
+    resume_conflicts,
+    scan,
+)
+from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
+from trainer.diskspace import OutOfSpace, find_out_of_space, guard
 from trainer.metrics import Metrics, memory_gib
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
-from trainer.rank import StopRequest, init_distributed, pause_point
+from trainer.rank import (
+    StopRequest,
+    agree_on_failure,
+    init_distributed,
+    pause_point,
+    raise_if_any,
+    record_quiet_failure,
+)
 from trainer.timing import StepBreakdown, install_comm_timing
 from trainer.timing import summarize as summarize_timing
 
@@ -100,7 +116,14 @@ def build(
         fused=device.type == "cuda",
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
-    stream = build_stream(cfg, rank, world_size)
+    failure = None
+    try:
+        stream = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops here)
+    except Exception as exc:
+        failure = find_out_of_space(exc, "latent cache", cfg.data.path)
+        if failure is None:
+            raise
+    agree_on_failure(failure, device)
     ckpt_root = run_dir / "checkpoints"
     checkpointer = Checkpointer(
         ckpt_root,
@@ -114,6 +137,10 @@ def build(
         every=cfg.checkpoint.every,
         last_step=cfg.train.steps,
         async_save=cfg.checkpoint.async_save,
+    )
+    params = list(model.parameters())
+    checkpointer.estimate = estimate_bytes(
+        cfg, ModelSize(sum(p.numel() for p in params), len(params)), world_size
     )
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
@@ -183,13 +210,19 @@ class LoopState:
     losses: dict[str, float] | None = None
     last_ckpt: CheckpointInfo | None = None
     timings: list[dict[str, float]] = field(default_factory=list)
+    failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
 
 
-def _agree(rig: Rig, out: StepOutput, stop: StopRequest) -> tuple[dict[str, float], bool]:
-    """One collective: mean losses over micro-batches and ranks, and whether any rank must stop."""
+def _agree(
+    rig: Rig, out: StepOutput, stop: StopRequest, failure: OutOfSpace | None
+) -> tuple[dict[str, float], bool]:
+    """One collective: mean losses over micro-batches and ranks, whether any rank must stop, and whether
+    any rank holds a failed write (then every rank raises here: the next safe point)."""
     flag = torch.tensor(float(stop.local), device=rig.device)
-    agreed = torch.stack([out.latent_sum, out.action_sum, flag])
+    failed = torch.tensor(float(failure is not None), device=rig.device)
+    agreed = torch.stack([out.latent_sum, out.action_sum, flag, failed])
     dist.all_reduce(agreed)
+    raise_if_any(failure, agreed[3].item() > 0)
     latent_loss, action_loss = (agreed[:2] / (rig.cfg.train.grad_accum * rig.world_size)).tolist()
     losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
     return losses, agreed[2].item() > 0
@@ -252,16 +285,20 @@ def _record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, st
     optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
     values.update({k: v for k, v in optional.items() if v is not None})
     obs.metrics.log_step(state.step, values, timing)
-    if rig.rank == 0 and obs.attempt is not None:
-        obs.attempt.write_progress(
-            Progress(
-                first_step=rig.start_step + 1,
-                last_step=state.step,
-                final_losses=state.losses,
-                resumed_from=rig.resumed.step if rig.resumed else None,
-                last_complete_checkpoint=_ckpt_json(state.last_ckpt),
-            )
+    if rig.rank == 0 and obs.attempt is not None and state.failure is None:
+        progress = Progress(
+            first_step=rig.start_step + 1,
+            last_step=state.step,
+            final_losses=state.losses,
+            resumed_from=rig.resumed.step if rig.resumed else None,
+            last_complete_checkpoint=_ckpt_json(state.last_ckpt),
         )
+        try:
+            with guard(obs.attempt.dir, "progress write", needed=len(str(progress)) + 64):
+                obs.attempt.write_progress(progress)
+        except OutOfSpace as exc:
+            state.failure = exc  # said at the next safe point, where every rank stops
+    state.failure = state.failure or obs.metrics.failure
 
 
 def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
@@ -273,7 +310,7 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         step_started = time.perf_counter()
         rig.breakdown.start_step()
         out = train_step(rig, step, on_first_micro=functools.partial(pause_point, "step", step, rig.rank))
-        state.losses, stopping = _agree(rig, out, stop)
+        state.losses, stopping = _agree(rig, out, stop, state.failure)
         stopping = _checkpoint(rig, state, stop, stopping)
         _record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
@@ -289,6 +326,7 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
     obs.utilisation.close()
     if rig.checkpointer.finish() is not None:  # an asynchronous save still in flight
         state.last_ckpt = rig.checkpointer.last_committed
+    agree_on_failure(state.failure, rig.device)  # a write that failed after the last step's agreement
     return state
 
 
@@ -334,7 +372,10 @@ def train(
         attempt.write_rank(RankStatus(rank, state.status, step=state.step))
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
-        proto.write_summary(run_dir, _summary(rig, state, stop, attempt_id, started))
+        pause_point("summary", state.step, rank)
+        summary = _summary(rig, state, stop, attempt_id, started)
+        with guard(proto.summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
+            proto.write_summary(run_dir, summary)
         if state.status == proto.COMPLETED:
             metrics.info(f"completed {cfg.train.steps} steps; summary {proto.summary_path(run_dir)}")
     metrics.close()
@@ -386,9 +427,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg, run_dir, device, attempt, stop, started)
     except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        attempt.write_rank(RankStatus(rank, proto.FAILED, error=error, traceback=traceback.format_exc()))
-        raise
+        space = find_out_of_space(exc, "run", run_dir)
+        if space is None and not isinstance(exc, PeerStopped):
+            error = f"{type(exc).__name__}: {exc}"
+            attempt.write_rank(RankStatus(rank, proto.FAILED, error=error, traceback=traceback.format_exc()))
+            raise
+        # A full disk (here or on a peer): every rank stopped at the same safe point. Said in one line by
+        # the launcher from this record; the detail goes to the attempt's log, not the terminal.
+        record_quiet_failure(attempt, rank, cfg, space, exc)
     dist.destroy_process_group()
     if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
         os.abort()  # test hook: reproduce the teardown SIGABRT deterministically

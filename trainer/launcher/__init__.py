@@ -9,7 +9,10 @@ processes and the signals, never imports torch's training stack at module level.
     supervise.py      torchrun as a child, stop signals -> the attempt's stop request, scontrol requeue
     verdict.py        the outcome from what the ranks recorded (not from torchrun's exit status alone)
     sbatch.py         `bin/train --sbatch`: the batch script for the same run
-    main.py           the order of the above, the summaries the launcher writes, the messages
+    summaries.py      the summary.json the launcher writes: preflight failure, running, final verdict
+    resolved.py       what preflight resolved (Launch) and what an early stop needs (Known)
+    errors.py, console.py  PreflightError/StopBeforeStart; say()
+    main.py           the order of the above and the messages
 
 The rank side (provisioned env, model, loop) is trainer/train.py and the modules it imports; the two
 sides talk only through RUN_DIR/attempts/<id>/ (trainer/attempt.py).

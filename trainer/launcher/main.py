@@ -31,7 +31,6 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -40,40 +39,26 @@ from provision.paths import repo_root
 from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
 from trainer.checkpoint import resume_conflicts, scan
+from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
-from trainer.diskspace import OutOfSpace, guard
 from trainer.launcher import early, supervise
 from trainer.launcher.cli import parse_args
 from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
-from trainer.launcher.envchoice import DEFAULT_ENV, EnvChoice, gpu_count, job_environment, resolve_env
+from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
-from trainer.launcher.preflight import check_run_dir, env_checks
-from trainer.launcher.rendezvous import Rendezvous, rendezvous
+from trainer.launcher.preflight import check_run_dir, env_checks, space_check
+from trainer.launcher.rendezvous import rendezvous
+from trainer.launcher.resolved import Known, Launch
+from trainer.launcher.summaries import (
+    preflight_failed,
+    settle_finished_run,
+    write_final_summary,
+    write_running_summary,
+)
 from trainer.launcher.verdict import Verdict, verdict
 
 KEEP_ATTEMPTS = 10
-
-
-@dataclass
-class Known:
-    """What is resolved so far: for the summary of an early stop."""
-
-    run_dir: Path | None = None
-    cfg: RunConfig | None = None
-
-
-@dataclass
-class Launch:
-    """Everything preflight resolved: what torchrun runs with."""
-
-    cfg: RunConfig
-    run_dir: Path
-    rdzv: Rendezvous
-    world_size: int
-    choice: EnvChoice
-    env: dict[str, str]
-    cpu_scale: bool
 
 
 def default_run_dir(config: str) -> Path:
@@ -91,38 +76,6 @@ def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
         "--log-dir", str(attempt.node_log_dir(rdzv.node_rank)),
         "-m", "trainer.train", "--run-dir", str(launch.run_dir), "--attempt-dir", str(attempt.dir),
     ]  # fmt: skip
-
-
-def _ckpt_json(info: object) -> dict[str, object] | None:
-    ref = proto.CheckpointRef.of(info)
-    return dataclasses.asdict(ref) if ref else None
-
-
-def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float) -> int:
-    """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
-    say(f"preflight failed: {message}")
-    before = proto.read_summary(run_dir)
-    previous = before.to_json(stamp=False) if before else None
-    if before and before.status == proto.PREFLIGHT_FAILED:
-        previous = before.previous  # keep the last run that trained, not a chain of failures
-    complete, _ = scan(run_dir / "checkpoints")
-    try:
-        proto.write_summary(
-            run_dir,
-            Summary(
-                proto.PREFLIGHT_FAILED,
-                steps_requested=cfg.train.steps,
-                reason=message,
-                last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
-                wall_time_s=time.perf_counter() - started,
-                previous_status=previous.get("status") if previous else None,
-                previous=previous,  # the last real run's outcome (losses, steps) is kept, not overwritten
-                config=cfg.name,
-            ),
-        )
-    except OSError as exc:
-        say(f"could not write the summary: {exc}")
-    return EXIT_PREFLIGHT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,10 +143,11 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     run_dir = (args.run_dir or default_run_dir(args.config)).absolute()
     known.run_dir, known.cfg = run_dir, cfg
 
+    damaged = _quarantine(run_dir, args, environ)
     # A finished run stays finished: say so, train nothing.
     complete, _ = scan(run_dir / "checkpoints")
     if complete and complete[-1].step >= cfg.train.steps:
-        _settle_finished_run(run_dir, cfg, complete[-1], started)
+        settle_finished_run(run_dir, cfg, complete[-1], started)
         say(
             f"run complete: {complete[-1].path} is step {complete[-1].step} of {cfg.train.steps}; "
             f"nothing to train (summary: {proto.summary_path(run_dir)}; "
@@ -211,37 +165,27 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         if args.preflight_only:
             say(f"preflight passed on {socket.gethostname()} (--preflight-only: no rank started)")
             return EXIT_OK
+        launch.damaged = damaged or None
         attempt = _prepare_attempt(launch, args.nproc, environ)
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
     return _run(launch, attempt, args, environ, started)
 
 
-def _settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
-    """The last checkpoint is the requested step, but summary.json does not say completed (an attempt
-    died after that save, e.g. out of space while writing the summary): make it say so."""
-    before = proto.read_summary(run_dir)
-    if before is not None and before.status == proto.COMPLETED:
-        return
+def _quarantine(run_dir: Path, args: argparse.Namespace, environ: dict[str, str]) -> list[dict[str, Any]]:
+    """Node 0 moves damaged checkpoints aside (never deletes them) and names each; the ranks then resume
+    from the newest intact one."""
+    node_rank = args.node_rank if args.node_rank is not None else int(environ.get("SLURM_NODEID") or 0)
+    if node_rank != 0:
+        return []
     try:
-        losses = latest.train_state().get("losses")
-        proto.write_summary(
-            run_dir,
-            Summary(
-                proto.COMPLETED,
-                steps_requested=cfg.train.steps,
-                reason=f"checkpoint step {latest.step} is complete; summary.json said "
-                f"{before.status if before else 'nothing'} (an attempt ended after that save)",
-                last_complete_checkpoint=_ckpt_json(latest),
-                final_losses=losses,
-                wall_time_s=time.perf_counter() - started,
-                config=cfg.name,
-                previous_status=before.status if before else None,
-                previous=before.to_json(stamp=False) if before else None,
-            ),
-        )
-    except (OSError, ValueError) as exc:
-        say(f"could not update {proto.summary_path(run_dir)}: {exc}")
+        moved = quarantine_damaged(run_dir / "checkpoints")
+    except OSError as exc:
+        say(f"could not check the checkpoints in {run_dir / 'checkpoints'}: {exc}")
+        return []
+    for d in moved:
+        say(f"damaged checkpoint {d.path}: {d.problem}; moved aside to {d.moved_to} (not deleted)")
+    return [dataclasses.asdict(d) for d in moved]
 
 
 def _preflight(
@@ -283,6 +227,9 @@ def _preflight(
     else:
         for note in env_checks(choice, env):
             say(note)
+    if rdzv.node_rank == 0:
+        for note in space_check(run_dir, cfg, world_size):
+            say(note)
     return Launch(cfg, run_dir, rdzv, world_size, choice, env, cpu_scale)
 
 
@@ -307,27 +254,6 @@ def _prepare_attempt(launch: Launch, nproc: int, environ: dict[str, str]) -> Att
     if rdzv.node_rank == 0:  # before any rank starts: a run that dies in any way never leaves `completed`
         write_running_summary(launch, attempt)
     return attempt
-
-
-def write_running_summary(launch: Launch, attempt: Attempt) -> None:
-    before = proto.read_summary(launch.run_dir)
-    previous = before.to_json(stamp=False) if before else None
-    if before and before.status in (proto.PREFLIGHT_FAILED, proto.RUNNING) and before.previous:
-        previous = before.previous  # the last attempt that got further than this
-    proto.write_summary(
-        launch.run_dir,
-        Summary(
-            proto.RUNNING,
-            steps_requested=launch.cfg.train.steps,
-            reason=f"attempt {attempt.id} is in progress (or died without a verdict)",
-            attempt=attempt.id,
-            config=launch.cfg.name,
-            nnodes=launch.rdzv.nnodes,
-            world_size=launch.world_size,
-            previous_status=before.status if before else None,
-            previous=previous,
-        ),
-    )
 
 
 def _run(
@@ -383,53 +309,6 @@ def _report(
         if result.rank_error and result.rank_error.strip() != (result.reason or "").strip():
             say("error of that rank:\n" + result.rank_error.rstrip())
         say(f"summary {summary}; the next run resumes from the last complete checkpoint")
-
-
-def write_final_summary(
-    launch: Launch, attempt: Attempt, result: Verdict, rc: int, exit_code: int, started: float
-) -> bool:
-    """summary.json as the launcher sees the outcome: rank 0's summary (if this attempt wrote one) plus
-    the verdict, the exit code, torchrun's exit status and the launcher's wall time. False (said on
-    stderr) when it cannot be written: summary.json then still says `running`, never a success."""
-    base = proto.read_summary(launch.run_dir)
-    if base is None or base.attempt != attempt.id or base.status == proto.RUNNING:  # rank 0 wrote none
-        progress = attempt.read_progress()
-        complete, _ = scan(launch.run_dir / "checkpoints")
-        base = Summary(
-            result.status,
-            steps_requested=launch.cfg.train.steps,
-            first_step=progress.first_step,
-            last_step=progress.last_step,
-            resumed_from=progress.resumed_from,
-            final_losses=progress.final_losses,
-            last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
-        )
-    summary = dataclasses.replace(
-        base,
-        status=result.status,
-        steps_requested=launch.cfg.train.steps,
-        reason=result.reason,
-        exit_code=exit_code,
-        failed_rank=result.failed_rank,
-        rank_error=result.rank_error,
-        wall_time_s=time.perf_counter() - started,
-        torchrun_exit_code=rc,
-        notes=result.notes,
-        out_of_space=result.out_of_space,
-        attempt=attempt.id,
-        nnodes=launch.rdzv.nnodes,
-        world_size=launch.world_size,
-        env={"prefix": str(launch.choice.prefix), "provisioned": launch.choice.provisioned},
-        config=launch.cfg.name,
-    )
-    try:
-        with guard(proto.summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
-            proto.write_summary(launch.run_dir, summary)
-    except OSError as exc:
-        line = exc.line(launch.cfg.checkpoint.keep) if isinstance(exc, OutOfSpace) else str(exc)
-        say(f"could not write the summary ({result.status}, exit {exit_code}): {line}")
-        return False
-    return True
 
 
 def write_sbatch(args: argparse.Namespace) -> int:

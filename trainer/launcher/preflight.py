@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from trainer.config import RunConfig
 from trainer.launcher.envchoice import EnvChoice
 from trainer.launcher.errors import PreflightError
 
@@ -68,3 +69,36 @@ def env_checks(choice: EnvChoice, env: dict[str, str]) -> list[str]:
     for reason, names in by_reason.items():
         notes.append(f"tool environment: envcheck skipped {', '.join(names)}: {reason}")
     return notes
+
+
+def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
+    """The run dir's filesystem must hold checkpoint.keep + 1 checkpoints (keep, plus the one being
+    written), counting the space its existing checkpoints already take; PreflightError names both numbers.
+    Returns notes (the estimate; a warning when checkpoint.skip_space_check overrides a refusal)."""
+    from provision.nodeinfo import free_bytes, mount_of
+    from trainer.checkpoint import scan
+    from trainer.checkpoint_size import estimate_bytes, model_size
+    from trainer.diskspace import human
+
+    one = estimate_bytes(cfg, model_size(cfg), world_size)
+    count = cfg.checkpoint.keep + 1
+    complete, _ = scan(run_dir / "checkpoints")
+    existing = sum(f.stat().st_size for c in complete for f in c.path.iterdir() if f.is_file())
+    free = free_bytes(run_dir)
+    needed = count * one - existing
+    mount = mount_of(run_dir)
+    where = f"{run_dir} ({mount.mount_point}, {mount.fstype})"
+    note = (
+        f"checkpoint size estimate {human(one)}; checkpoint.keep + 1 = {count} need {human(count * one)}; "
+        f"{where} has {human(free)} free" + (f" + {human(existing)} in its checkpoints" if existing else "")
+    )
+    if needed <= free:
+        return [note]
+    message = (
+        f"{where} cannot hold checkpoint.keep + 1 = {count} checkpoints of ~{human(one)}: needs "
+        f"{human(needed)} more, has {human(free)} free; fix: free space there, lower checkpoint.keep, "
+        f"or move --run-dir (--set checkpoint.skip_space_check=true runs anyway)"
+    )
+    if cfg.checkpoint.skip_space_check:
+        return [f"WARNING: {message} -- checkpoint.skip_space_check=true: running anyway"]
+    raise PreflightError(message)

@@ -1,0 +1,146 @@
+"""The on-disk layout of RUN_DIR/checkpoints/ and what counts as complete, partial or damaged.
+
+    checkpoint_step_N/                 complete: COMPLETE lists every file with its size and sha256
+    checkpoint_step_N.tmp-<attempt>/   a save in progress, or one killed mid-write: never loaded
+    checkpoint_step_N.damaged-<time>/  moved aside because its files do not match COMPLETE: never deleted
+
+Reading only (no torch, no process group): the launcher's preflight and the ranks both use it; writing
+is trainer/checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "COMPLETE"
+TRAIN_STATE = "train_state.json"
+SAFETENSORS = "model.safetensors"
+_FINAL = re.compile(r"^checkpoint_step_(\d+)$")
+_PARTIAL = re.compile(r"^checkpoint_step_(\d+)\.tmp-")
+_DAMAGED = re.compile(r"^checkpoint_step_(\d+)\.damaged-")  # moved aside, never deleted
+
+
+def file_sha256(path: Path, chunk: int = 8 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+
+    def train_state(self) -> dict:
+        return json.loads((self.path / TRAIN_STATE).read_text())
+
+
+def checkpoint_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"checkpoint_step_{step}"
+
+
+def _is_complete(path: Path, step: int) -> bool:
+    """COMPLETE exists, names this step, and every file it lists is there with its recorded size."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        if marker.get("step") != step:
+            return False
+        return all((path / name).stat().st_size == size for name, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def damage(path: Path, step: int, checksums: bool) -> str | None:
+    """Why a checkpoint directory that has a COMPLETE marker does not match it (None: intact).
+    checksums=False compares sizes only (cheap); True also each file's sha256 (a full read)."""
+    try:
+        marker = json.loads((path / MARKER).read_text())
+        files, digests = marker["files"], marker.get("sha256") or {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its {MARKER} marker is unreadable ({exc})"
+    if marker.get("step") != step:
+        return f"its {MARKER} marker names step {marker.get('step')}"
+    for name, size in sorted(files.items()):
+        try:
+            actual = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} is {actual} bytes, {MARKER} says {size}"
+    for name, digest in sorted(digests.items()) if checksums else ():
+        if file_sha256(path / name) != digest:
+            return f"{name} does not match its sha256 in {MARKER}"
+    return None
+
+
+@dataclass(frozen=True)
+class Damaged:
+    step: int
+    path: str  # where it was
+    moved_to: str  # where it is now (never deleted)
+    problem: str
+
+
+def quarantine_damaged(root: Path) -> list[Damaged]:
+    """Move aside every damaged checkpoint under `root` (checkpoint_step_N.damaged-<time>): sizes for all
+    that carry a marker, sha256 for the newest intact one (the one a resume loads) until one passes."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    moved = []
+
+    def aside(path: Path, step: int, problem: str) -> None:
+        target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.replace(path, target)
+        moved.append(Damaged(step, str(path), str(target), problem))
+
+    for entry in sorted(root.iterdir()):
+        final = _FINAL.match(entry.name)
+        if final and entry.is_dir() and (entry / MARKER).exists():
+            problem = damage(entry, int(final.group(1)), checksums=False)
+            if problem:
+                aside(entry, int(final.group(1)), problem)
+    while True:
+        complete, _ = scan(root)
+        if not complete:
+            break
+        problem = damage(complete[-1].path, complete[-1].step, checksums=True)
+        if problem is None:
+            break
+        aside(complete[-1].path, complete[-1].step, problem)
+    return moved
+
+
+def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
+    """Complete checkpoints under `root`, oldest first, and (when there are none) why: for the log."""
+    root = Path(root)
+    if not root.is_dir():
+        return [], f"no checkpoint directory {root}"
+    complete, partial = [], []
+    for entry in root.iterdir():
+        final = _FINAL.match(entry.name)
+        if final and entry.is_dir() and _is_complete(entry, int(final.group(1))):
+            complete.append(CheckpointInfo(int(final.group(1)), entry))
+        elif final or _PARTIAL.match(entry.name):
+            partial.append(entry.name)
+    complete.sort(key=lambda c: c.step)
+    if complete:
+        return complete, ""
+    if partial:
+        return [], f"only partial checkpoints in {root} (no {MARKER} marker): {', '.join(sorted(partial))}"
+    return [], f"checkpoint directory {root} is empty"
+
+
+def latest_complete(root: Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint; None (fresh start) for an absent dir, an empty one, or only
+    partial ones."""
+    complete, _ = scan(root)
+    return complete[-1] if complete else None

@@ -1,0 +1,33 @@
+"""What the launcher has resolved so far (shared by main.py and summaries.py; no behaviour)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config import RunConfig
+from trainer.launcher.envchoice import EnvChoice
+from trainer.launcher.rendezvous import Rendezvous
+
+
+@dataclass
+class Known:
+    """What is resolved so far: for the summary of an early stop."""
+
+    run_dir: Path | None = None
+    cfg: RunConfig | None = None
+
+
+@dataclass
+class Launch:
+    """Everything preflight resolved: what torchrun runs with."""
+
+    cfg: RunConfig
+    run_dir: Path
+    rdzv: Rendezvous
+    world_size: int
+    choice: EnvChoice
+    env: dict[str, str]
+    cpu_scale: bool
+    damaged: list[dict[str, Any]] | None = None  # checkpoints moved aside by this launch
