@@ -169,9 +169,10 @@ def test_resume_conflicts_name_what_changed():
     )
     assert resume_conflicts(saved, longer, 2) == []  # more steps, another LR: a legitimate resume
     dim = cfg.model.dim
-    wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": str(2 * dim)})
+    new_dim = dim * 3 // 2  # a head dim whose third is still even (the reference's 3-D RoPE)
+    wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": str(new_dim)})
     problems = resume_conflicts(saved, wider, 4)
-    assert any(f"model.dim was {dim}, is now {2 * dim}" in p for p in problems)
+    assert any(f"model.dim was {dim}, is now {new_dim}" in p for p in problems)
     assert any("written by 2 ranks, this run has 4" in p for p in problems)
     assert "--run-dir" in problems[-1]
 

@@ -108,7 +108,7 @@ def build(
     Same seed on every rank: identical initial weights before sharding."""
     model = build_model(cfg, device)
     optimizer = torch.optim.AdamW(  # the reference's AdamW (wan_va/train.py): betas, eps, weight decay
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # frozen: never-called released tensors
         lr=cfg.train.lr,
         betas=(cfg.train.betas[0], cfg.train.betas[1]),
         eps=cfg.train.adam_eps,

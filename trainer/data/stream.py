@@ -304,7 +304,11 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         log(f"data: data.latent_cache is off: encoding into a temporary cache {tmp} (removed after loading)")
         cfg = _with_cache_root(cfg, tmp)
     try:
-        directory, manifest = ensure_cache(cfg, rank, world_size, log)
+        # A temporary cache is private to this rank (its own mkdtemp): the rank encodes it alone, with no
+        # collective, instead of waiting on rank 0's copy that it cannot see.
+        directory, manifest = (
+            ensure_cache(cfg, 0, 1, log) if tmp is not None else ensure_cache(cfg, rank, world_size, log)
+        )
         found = discover(data_root(cfg), cfg.data.task)
         latents, actions, text, summary = load_cached(cfg, directory, manifest, found, log)
     finally:

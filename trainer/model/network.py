@@ -229,6 +229,9 @@ class WorldModel(nn.Module):
         self.action_proj_out = nn.Linear(m.dim, m.action_dim)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, m.dim) / m.dim**0.5)
         self.apply(self._init_weights)
+        # In the released layout but never called by forward (the reference gives it no gradient): frozen,
+        # so the optimizer holds state only for what trains and a DCP resume restores exactly that state.
+        self.condition_embedder_action.text_embedder.requires_grad_(False)
         self._backend = None
         self._backend_device: str | None = None
         self.attention_name: str | None = None
