@@ -2,7 +2,7 @@
 
 bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=value ...]
           [--cpu-scale | --no-cpu-scale] [--nnodes N --node-rank R --master-addr A --master-port P]
-          [--require-env] [--preflight-only] [--env-checked] [--no-requeue]
+          [--require-env] [--preflight-only] [--env-checked] [--no-requeue] [--json | --json-file FILE]
           [--sbatch [FILE] [--time T] [--partition P] [--account A] [--cpus-per-task C]
                    [--gpus-per-node G] [--signal-lead S]]
 """
@@ -10,11 +10,28 @@ bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=valu
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import NoReturn
+
+
+class UsageError(SystemExit):
+    """A bad command line: argparse's message (already printed to stderr), exit status 2."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise UsageError(message)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bin/train",
         description=(
             "Train CONFIG on NPROC ranks per node with torchrun; auto-resumes, survives preemption."
@@ -61,6 +78,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--preflight-only",
         action="store_true",
         help="run the preflight (env choice, checks), then exit 0 (passed) or 3 (the sbatch script's step 1)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="stdout carries exactly one JSON object, the outcome (summary.json plus ok/exit_code); "
+        "all text goes to stderr; the exit status does not change",
+    )
+    parser.add_argument(
+        "--json-file", type=Path, metavar="FILE", help="write that JSON object to FILE (atomically)"
     )
     parser.add_argument(
         "--sbatch",

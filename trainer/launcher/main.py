@@ -42,11 +42,12 @@ from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
 from trainer.launcher import early, supervise
-from trainer.launcher.cli import parse_args
+from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
+from trainer.launcher.jsonout import JsonRequest, outcome
 from trainer.launcher.preflight import check_run_dir, env_checks, space_check
 from trainer.launcher.rendezvous import rendezvous
 from trainer.launcher.resolved import Known, Launch
@@ -79,9 +80,31 @@ def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """bin/train; with --json/--json-file the outcome object goes out last (trainer/launcher/jsonout.py)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    request = JsonRequest.from_argv(argv)
+    request.capture_stdout()
+    known = Known()
+    try:
+        code = _launch(argv, known)
+    except UsageError as exc:
+        known.report, code = {"error": exc.message}, EXIT_USAGE
+    if request.wanted:
+        request.emit(outcome(code, known.report if known.report is not None else _summary_of(known)))
+    return code
+
+
+def _summary_of(known: Known) -> dict[str, Any]:
+    """summary.json as this invocation left it (every path that reaches here wrote it)."""
+    if known.run_dir is None:
+        return {}
+    summary = proto.read_summary(known.run_dir)
+    return summary.to_json(stamp=False) if summary is not None else {}
+
+
+def _launch(argv: list[str], known: Known) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    known = Known()
 
     def stop_before_start(signum: int, frame: FrameType | None) -> None:
         raise StopBeforeStart(signal.Signals(signum).name)
@@ -97,17 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         environ = dict(os.environ)
         if environ.get("SLURM_JOB_ID") and int(environ.get("SLURM_NODEID") or 0) == 0:
             say(supervise.slurm_after_stop([str(exc)], environ, args.no_requeue))
+        summary = Summary(
+            proto.PREEMPTED,
+            steps_requested=known.cfg.train.steps if known.cfg is not None else 0,
+            reason=f"received {exc} before any rank started",
+            wall_time_s=time.perf_counter() - started,
+            config=known.cfg.name if known.cfg is not None else args.config,
+        )
+        known.report = summary.to_json()
         if known.cfg is not None and known.run_dir is not None and known.run_dir.is_dir():
-            proto.write_summary(
-                known.run_dir,
-                Summary(
-                    proto.PREEMPTED,
-                    steps_requested=known.cfg.train.steps,
-                    reason=f"received {exc} before any rank started",
-                    wall_time_s=time.perf_counter() - started,
-                    config=known.cfg.name,
-                ),
-            )
+            proto.write_summary(known.run_dir, summary)
         return EXIT_PREEMPTED
     finally:
         for sig, handler in previous.items():
@@ -129,9 +151,10 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         cfg, cpu_scale = _load(args, gpus)
     except ConfigError as exc:
         say(f"error: {exc}")
+        known.report = {"error": str(exc)}
         return EXIT_USAGE
     if args.sbatch is not None:
-        return write_sbatch(args)
+        return write_sbatch(args, known)
     config_file = CONFIG_DIR / f"{args.config}.yaml"
     if cpu_scale and args.cpu_scale is None:
         say(
@@ -159,17 +182,19 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         check_run_dir(run_dir)
     except PreflightError as exc:
         say(f"preflight failed: {exc}")
+        known.report = {"status": proto.PREFLIGHT_FAILED, "error": str(exc)}
         return EXIT_PREFLIGHT
     try:
         launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
         if args.preflight_only:
             say(f"preflight passed on {socket.gethostname()} (--preflight-only: no rank started)")
+            known.report = {"preflight": "passed", "host": socket.gethostname(), "config": cfg.name}
             return EXIT_OK
         launch.damaged = damaged or None
         attempt = _prepare_attempt(launch, args.nproc, environ)
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
-    return _run(launch, attempt, args, environ, started)
+    return _run(launch, attempt, args, environ, started, known)
 
 
 def _quarantine(run_dir: Path, args: argparse.Namespace, environ: dict[str, str]) -> list[dict[str, Any]]:
@@ -257,7 +282,12 @@ def _prepare_attempt(launch: Launch, nproc: int, environ: dict[str, str]) -> Att
 
 
 def _run(
-    launch: Launch, attempt: Attempt, args: argparse.Namespace, environ: dict[str, str], started: float
+    launch: Launch,
+    attempt: Attempt,
+    args: argparse.Namespace,
+    environ: dict[str, str],
+    started: float,
+    known: Known,
 ) -> int:
     proto.prune_attempts(launch.run_dir, keep=KEEP_ATTEMPTS)
     launch.env["LINGBOT_ATTEMPT_DIR"] = str(attempt.dir)
@@ -286,6 +316,10 @@ def _run(
     assert exit_code is not None
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
         exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
+        known.report = {"status": result.status, "reason": result.reason, "summary_written": False}
+    elif rdzv.node_rank != 0:  # node 0 writes summary.json; this node reports its own verdict
+        known.report = {"status": result.status, "reason": result.reason, "node_rank": rdzv.node_rank,
+                        "attempt": attempt.id, "failed_rank": result.failed_rank}  # fmt: skip
     _report(launch, result, args, environ, torchrun.signals)
     return exit_code
 
@@ -311,7 +345,7 @@ def _report(
         say(f"summary {summary}; the next run resumes from the last complete checkpoint")
 
 
-def write_sbatch(args: argparse.Namespace) -> int:
+def write_sbatch(args: argparse.Namespace, known: Known) -> int:
     from trainer.launcher.sbatch import SbatchPathError, SbatchRequest
     from trainer.launcher.sbatch import write_sbatch as write_script
 
@@ -337,11 +371,16 @@ def write_sbatch(args: argparse.Namespace) -> int:
         script, path = write_script(request, args.sbatch)
     except SbatchPathError as exc:
         say(f"error: {exc}")
+        known.report = {"error": str(exc)}
         return EXIT_USAGE
     if path is None:
-        sys.stdout.write(script)
+        if args.json:  # stdout is the JSON object's: the script travels inside it
+            known.report = {"sbatch": None, "script": script}
+        else:
+            sys.stdout.write(script)
     else:
         say(f"wrote {path}; submit it with: sbatch {path}")
+        known.report = {"sbatch": str(path)}
     return EXIT_OK
 
 

@@ -13,10 +13,11 @@ from trainer.launcher.rendezvous import Rendezvous
 
 @dataclass
 class Known:
-    """What is resolved so far: for the summary of an early stop."""
+    """What is resolved so far: for the summary of an early stop, and for --json."""
 
     run_dir: Path | None = None
     cfg: RunConfig | None = None
+    report: dict[str, Any] | None = None  # the --json object's body where summary.json does not apply
 
 
 @dataclass
