@@ -13,8 +13,9 @@ nothing else. The boundary is torchtitan's:
                   rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
                   Checkpointer decides when to save (checkpoint.every, the last step, a stop)
 Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
-position. What the launcher reads back is written through trainer/attempt.py (rank records, progress,
-RUN_DIR/summary.json).
+position. The records passed between these stages are in trainer/rig.py; what a rank reports (metrics,
+progress, rank 0's summary) is trainer/observe.py; what the launcher reads back is written through
+trainer/attempt.py (rank records, progress, RUN_DIR/summary.json).
 """
 
 from __future__ import annotations
@@ -27,31 +28,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from trainer import attempt as proto
-from trainer.attempt import Attempt, CheckpointRef, Progress, RankStatus, Summary
-from trainer.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    CheckpointInfo,
-    PeerStopped,
-    resume_conflicts,
-    scan,
-)
+from trainer.attempt import Attempt, RankStatus
+from trainer.checkpoint import Checkpointer, CheckpointError, PeerStopped, resume_conflicts, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
 from trainer.diskspace import OutOfSpace, find_out_of_space, guard
-from trainer.metrics import Metrics, memory_gib
+from trainer.metrics import Metrics
+from trainer.observe import Observers, final_summary, record_step
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
-from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops, throughput
+from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.rank import (
     StopRequest,
     agree_on_failure,
@@ -60,8 +53,10 @@ from trainer.rank import (
     raise_if_any,
     record_quiet_failure,
 )
+from trainer.rig import LoopState, Rig, StepOutput
 from trainer.timing import StepBreakdown, install_comm_timing
-from trainer.timing import summarize as summarize_timing
+
+__all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "train_step"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,25 +74,6 @@ def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
 
 
 # --- build -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Rig:
-    """What build() returns: everything a step needs, and where the run resumed from."""
-
-    cfg: RunConfig
-    rank: int
-    world_size: int
-    device: torch.device
-    model: Any  # the FSDP2-sharded WorldModel from trainer.parallel.build_model
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    stream: Any  # trainer.data's stream: micro_batch(step, micro), tokens_per_micro_batch
-    checkpointer: Checkpointer
-    breakdown: StepBreakdown
-    start_step: int = 0
-    resumed: CheckpointInfo | None = None
-    why_fresh: str = ""
 
 
 def build(
@@ -158,14 +134,6 @@ def build(
 # --- one step --------------------------------------------------------------------------------------
 
 
-@dataclass
-class StepOutput:
-    latent_sum: torch.Tensor  # this rank's latent loss summed over its micro-batches (not averaged)
-    action_sum: torch.Tensor
-    grad_norm: float
-    lr: float  # the LR this step used
-
-
 def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = None) -> StepOutput:
     """One optimizer step: grad_accum micro-batches, clip, AdamW, LR schedule; phases timed in
     rig.breakdown (the caller opens and closes the step: start_step / end_step)."""
@@ -199,18 +167,6 @@ def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = 
 
 
 # --- the loop --------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoopState:
-    """What the loop carries from step to step, and what the summary reports."""
-
-    status: str = proto.COMPLETED
-    step: int = 0
-    losses: dict[str, float] | None = None
-    last_ckpt: CheckpointInfo | None = None
-    timings: list[dict[str, float]] = field(default_factory=list)
-    failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
 
 
 def _agree(
@@ -254,53 +210,6 @@ def _checkpoint(rig: Rig, state: LoopState, stop: StopRequest, stopping: bool) -
     return stopping
 
 
-@dataclass
-class Observers:
-    """The loop's side channels: logging, profiling, utilisation, progress for the launcher."""
-
-    metrics: Metrics
-    profiler: ProfilerWindow
-    utilisation: DeviceUtilisation
-    peak_flops: float | None
-    flops_per_token: float
-    attempt: Attempt | None
-
-
-def _record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, started: float) -> None:
-    timing = rig.breakdown.end_step()
-    state.timings.append(timing)
-    s_per_it = time.perf_counter() - started
-    tokens_per_step = rig.stream.tokens_per_micro_batch * rig.cfg.train.grad_accum * rig.world_size
-    # Throughput of this rank's device (tokens/s summed over ranks is tokens_per_step / s_per_it).
-    rate = throughput(tokens_per_step // rig.world_size, s_per_it, obs.flops_per_token, obs.peak_flops)
-    assert state.losses is not None
-    values = {
-        **state.losses,
-        "grad_norm": out.grad_norm,
-        "lr": out.lr,
-        "s_per_it": s_per_it,
-        "tokens_per_s": tokens_per_step / s_per_it,
-        "memory_gib": memory_gib(rig.device),
-    }
-    optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
-    values.update({k: v for k, v in optional.items() if v is not None})
-    obs.metrics.log_step(state.step, values, timing)
-    if rig.rank == 0 and obs.attempt is not None and state.failure is None:
-        progress = Progress(
-            first_step=rig.start_step + 1,
-            last_step=state.step,
-            final_losses=state.losses,
-            resumed_from=rig.resumed.step if rig.resumed else None,
-            last_complete_checkpoint=_ckpt_json(state.last_ckpt),
-        )
-        try:
-            with guard(obs.attempt.dir, "progress write", needed=len(str(progress)) + 64):
-                obs.attempt.write_progress(progress)
-        except OutOfSpace as exc:
-            state.failure = exc  # said at the next safe point, where every rank stops
-    state.failure = state.failure or obs.metrics.failure
-
-
 def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
     """Steps start_step+1 .. train.steps, or until every rank agrees to stop (after its checkpoint)."""
     state = LoopState(step=rig.start_step, last_ckpt=rig.resumed)
@@ -312,7 +221,7 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         out = train_step(rig, step, on_first_micro=functools.partial(pause_point, "step", step, rig.rank))
         state.losses, stopping = _agree(rig, out, stop, state.failure)
         stopping = _checkpoint(rig, state, stop, stopping)
-        _record_step(rig, obs, state, out, step_started)
+        record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
         if stopping and step < rig.cfg.train.steps:
             state.status = proto.PREEMPTED
@@ -373,41 +282,13 @@ def train(
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
         pause_point("summary", state.step, rank)
-        summary = _summary(rig, state, stop, attempt_id, started)
+        summary = final_summary(rig, state, stop, attempt_id, started)
         with guard(proto.summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
             proto.write_summary(run_dir, summary)
         if state.status == proto.COMPLETED:
             metrics.info(f"completed {cfg.train.steps} steps; summary {proto.summary_path(run_dir)}")
     metrics.close()
     return state
-
-
-def _summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str, started: float) -> Summary:
-    steady = state.timings[1:] or state.timings  # the first step of an attempt pays for warm-up
-    ran = state.step > rig.start_step
-    return Summary(
-        state.status,
-        steps_requested=rig.cfg.train.steps,
-        reason=f"preempted at step {state.step}: {stop.reason()}"
-        if state.status == proto.PREEMPTED
-        else None,
-        first_step=rig.start_step + 1 if ran else None,
-        last_step=state.step if ran else None,
-        resumed_from=rig.resumed.step if rig.resumed else None,
-        last_complete_checkpoint=_ckpt_json(state.last_ckpt),
-        final_losses=state.losses,
-        wall_time_s=time.perf_counter() - started,
-        timing={**summarize_timing(steady), "excludes_first_step": len(state.timings) > 1},
-        world_size=rig.world_size,
-        attempt=attempt_id,
-        config=rig.cfg.name,
-        data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
-    )
-
-
-def _ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
-    ref = CheckpointRef.of(info)
-    return {"step": ref.step, "path": ref.path} if ref is not None else None
 
 
 @record

@@ -191,15 +191,8 @@ def validate_episode(data, path: Path, cameras=CAMERAS[:2]) -> Episode:
         raise
 
 
-def _validate(data, path: Path, cameras) -> Episode:
-    if not isinstance(data, dict):
-        _fail(path, "<top level>", f"expected a dict, got {type(data).__name__}")
-    if "furniture" not in data:
-        _fail(path, "furniture", "missing")
-    if not isinstance(data["furniture"], str):
-        _fail(path, "furniture", f"expected a str, got {type(data['furniture']).__name__}")
-    fmt = detect_format(data)
-    label = f" ({PREPROCESSED_NAME})" if fmt == PREPROCESSED else ""
+def _sequences(path: Path, data: dict, fmt: str, label: str) -> tuple[list, list, list, list, list[str]]:
+    """The four per-step sequences with their lengths checked (collector quirks repaired, said in notes)."""
     observations = _sequence(path, data, "observations")
     actions = _sequence(path, data, "actions")
     rewards = _sequence(path, data, "rewards")
@@ -233,7 +226,11 @@ def _validate(data, path: Path, cameras) -> Episode:
         notes.append("preprocess_data.py cut actions but not skills; skills truncated to the actions")
     if len(skills) != steps:
         _fail(path, "skills", f"expected {steps} entries (one per action), got {len(skills)}{label}")
+    return observations, actions, rewards, skills, notes
 
+
+def _observations(path: Path, observations: list, cameras, fmt: str, label: str):
+    """Images per camera, robot state and (where every step has them) parts poses, checked per step."""
     images = {cam: np.empty((len(observations), *IMAGE_SHAPE), np.uint8) for cam in cameras}
     state: dict[str, np.ndarray] = {}
     if fmt == COLLECTOR:
@@ -282,6 +279,20 @@ def _validate(data, path: Path, cameras) -> Episode:
                 if poses and arr.shape != poses[0].shape:
                     _fail(path, f"{where}.parts_poses", f"expected shape {poses[0].shape}, got {arr.shape}")
                 poses.append(arr)
+    return images, state, poses
+
+
+def _validate(data, path: Path, cameras) -> Episode:
+    if not isinstance(data, dict):
+        _fail(path, "<top level>", f"expected a dict, got {type(data).__name__}")
+    if "furniture" not in data:
+        _fail(path, "furniture", "missing")
+    if not isinstance(data["furniture"], str):
+        _fail(path, "furniture", f"expected a str, got {type(data['furniture']).__name__}")
+    fmt = detect_format(data)
+    label = f" ({PREPROCESSED_NAME})" if fmt == PREPROCESSED else ""
+    observations, actions, rewards, skills, notes = _sequences(path, data, fmt, label)
+    images, state, poses = _observations(path, observations, cameras, fmt, label)
 
     act = np.stack(
         [_array(path, f"actions[{i}]", a, (ACTION_DIM,), np.float32) for i, a in enumerate(actions)]

@@ -88,6 +88,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--json-file", type=Path, metavar="FILE", help="write that JSON object to FILE (atomically)"
     )
+    _add_sbatch_options(parser)
+    return parser.parse_args(argv)
+
+
+def _add_sbatch_options(parser: argparse.ArgumentParser) -> None:
+    """--sbatch and the options that shape the script it writes."""
     parser.add_argument(
         "--sbatch",
         nargs="?",
@@ -113,7 +119,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="S",
         help="--sbatch: seconds before the time limit Slurm sends USR1 (save + requeue); longer than a save",
     )
-    return parser.parse_args(argv)
 
 
 def _positive_int(text: str) -> int:

@@ -1,4 +1,5 @@
-"""LingBot-VA's transformer for training (network.py) and its released-checkpoint I/O (weights.py).
+"""LingBot-VA's transformer for training (network.py, its layers in layers.py) and its released-checkpoint
+I/O (weights.py).
 
 from trainer.model import WorldModel, export_reference
 model = WorldModel(cfg)                       # random init; trainer.parallel.build_model loads/shards

@@ -1,0 +1,118 @@
+"""The tree's structural rules, enforced (bin/test runs them with the rest):
+
+- every module of provision/ and trainer/ opens with a docstring (its contract);
+- no module over 400 lines, no function over 80 lines unless the line above its `def` (or its first
+  decorator) is a comment starting `# long:` that gives the reason;
+- provision/ never imports trainer/ (it runs before any trainer exists: on a bare login node, inside the
+  worker simulation);
+- no import cycles between the project's modules (imports under `if TYPE_CHECKING:` excluded: they never
+  run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("provision", "trainer")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def test_every_module_opens_with_its_contract():
+    missing = [
+        str(p.relative_to(REPO))
+        for p in modules().values()
+        if not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert not missing, f"modules without a docstring (their contract): {missing}"
+
+
+def test_modules_and_functions_stay_small():
+    too_long = []
+    for path in modules().values():
+        lines = path.read_text().splitlines()
+        rel = path.relative_to(REPO)
+        if len(lines) > MAX_MODULE_LINES:
+            too_long.append(f"{rel}: {len(lines)} lines (limit {MAX_MODULE_LINES}): split it by job")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            assert node.end_lineno is not None
+            length = node.end_lineno - node.lineno + 1
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            above = lines[first - 2].strip() if first >= 2 else ""
+            if length > MAX_FUNCTION_LINES and not above.startswith("# long:"):
+                too_long.append(
+                    f"{rel}:{node.lineno} {node.name}: {length} lines (limit {MAX_FUNCTION_LINES}; "
+                    "split it, or say why above it in a `# long: ...` comment)"
+                )
+    assert not too_long, "\n".join(too_long)
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The project modules `name` imports at run time (not under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text())
+    type_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            type_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def test_provision_never_imports_trainer_and_nothing_imports_in_a_cycle():
+    found = modules()
+    graph = {name: _imports(path, name, set(found)) for name, path in found.items()}
+    wrong = sorted(f"{m} imports {t}" for m, ts in graph.items() if m.startswith("provision") for t in ts
+                   if t.startswith("trainer"))  # fmt: skip
+    assert not wrong, wrong
+
+    # a package importing its own submodules (its __init__ re-exporting them) is not a cycle
+    def edges(m: str) -> set[str]:
+        return {t for t in graph[m] if not m.startswith(t + ".")}
+
+    cycles, state = [], dict.fromkeys(graph, 0)  # 0 new, 1 on the stack, 2 done
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(edges(m)):
+            if state[t] == 1:
+                cycles.append(" -> ".join([*stack[stack.index(t) :], t]))
+            elif state[t] == 0:
+                visit(t, [*stack, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if state[m] == 0:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

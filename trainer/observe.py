@@ -1,0 +1,101 @@
+"""What one rank reports while it trains and when it is done: the per-step record (metrics, TensorBoard,
+the launcher's progress file) and rank 0's summary.json.
+
+    obs = Observers(metrics, profiler, utilisation, peak_flops, flops_per_token, attempt)
+    record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.train.loop)
+    summary = final_summary(rig, state, stop, attempt_id, started)   # rank 0, after the last barrier
+
+A write that runs out of space never raises here: it lands in state.failure, and the loop stops every rank
+at its next safe point (trainer/diskspace.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainer import attempt as proto
+from trainer.attempt import Attempt, CheckpointRef, Progress, Summary
+from trainer.checkpoint import CheckpointInfo
+from trainer.diskspace import OutOfSpace, guard
+from trainer.metrics import Metrics, memory_gib
+from trainer.profiling import DeviceUtilisation, ProfilerWindow, throughput
+from trainer.rank import StopRequest
+from trainer.rig import LoopState, Rig, StepOutput
+from trainer.timing import summarize as summarize_timing
+
+
+@dataclass
+class Observers:
+    """The loop's side channels: logging, profiling, utilisation, progress for the launcher."""
+
+    metrics: Metrics
+    profiler: ProfilerWindow
+    utilisation: DeviceUtilisation
+    peak_flops: float | None
+    flops_per_token: float
+    attempt: Attempt | None
+
+
+def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, started: float) -> None:
+    timing = rig.breakdown.end_step()
+    state.timings.append(timing)
+    s_per_it = time.perf_counter() - started
+    tokens_per_step = rig.stream.tokens_per_micro_batch * rig.cfg.train.grad_accum * rig.world_size
+    # Throughput of this rank's device (tokens/s summed over ranks is tokens_per_step / s_per_it).
+    rate = throughput(tokens_per_step // rig.world_size, s_per_it, obs.flops_per_token, obs.peak_flops)
+    assert state.losses is not None
+    values = {
+        **state.losses,
+        "grad_norm": out.grad_norm,
+        "lr": out.lr,
+        "s_per_it": s_per_it,
+        "tokens_per_s": tokens_per_step / s_per_it,
+        "memory_gib": memory_gib(rig.device),
+    }
+    optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
+    values.update({k: v for k, v in optional.items() if v is not None})
+    obs.metrics.log_step(state.step, values, timing)
+    if rig.rank == 0 and obs.attempt is not None and state.failure is None:
+        progress = Progress(
+            first_step=rig.start_step + 1,
+            last_step=state.step,
+            final_losses=state.losses,
+            resumed_from=rig.resumed.step if rig.resumed else None,
+            last_complete_checkpoint=ckpt_json(state.last_ckpt),
+        )
+        try:
+            with guard(obs.attempt.dir, "progress write", needed=len(str(progress)) + 64):
+                obs.attempt.write_progress(progress)
+        except OutOfSpace as exc:
+            state.failure = exc  # said at the next safe point, where every rank stops
+    state.failure = state.failure or obs.metrics.failure
+
+
+def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str, started: float) -> Summary:
+    steady = state.timings[1:] or state.timings  # the first step of an attempt pays for warm-up
+    ran = state.step > rig.start_step
+    return Summary(
+        state.status,
+        steps_requested=rig.cfg.train.steps,
+        reason=f"preempted at step {state.step}: {stop.reason()}"
+        if state.status == proto.PREEMPTED
+        else None,
+        first_step=rig.start_step + 1 if ran else None,
+        last_step=state.step if ran else None,
+        resumed_from=rig.resumed.step if rig.resumed else None,
+        last_complete_checkpoint=ckpt_json(state.last_ckpt),
+        final_losses=state.losses,
+        wall_time_s=time.perf_counter() - started,
+        timing={**summarize_timing(steady), "excludes_first_step": len(state.timings) > 1},
+        world_size=rig.world_size,
+        attempt=attempt_id,
+        config=rig.cfg.name,
+        data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
+    )
+
+
+def ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
+    ref = CheckpointRef.of(info)
+    return {"step": ref.step, "path": ref.path} if ref is not None else None

@@ -1,0 +1,61 @@
+"""The records one rank's training passes between build, train_step, the loop and its observers.
+
+    Rig         what trainer.train.build returns: model, optimizer, schedule, stream, Checkpointer, timer
+    StepOutput  what trainer.train.train_step returns for one optimizer step
+    LoopState   what trainer.train.loop carries from step to step (and the summary reports)
+
+Types only: no behaviour, so trainer/train.py (which fills them) and trainer/observe.py (which reports
+them) both import this module and not each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer import attempt as proto
+from trainer.checkpoint import Checkpointer, CheckpointInfo
+from trainer.config import RunConfig
+from trainer.diskspace import OutOfSpace
+from trainer.timing import StepBreakdown
+
+
+@dataclass
+class Rig:
+    """What build() returns: everything a step needs, and where the run resumed from."""
+
+    cfg: RunConfig
+    rank: int
+    world_size: int
+    device: torch.device
+    model: Any  # the FSDP2-sharded WorldModel from trainer.parallel.build_model
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    stream: Any  # trainer.data's stream: micro_batch(step, micro), tokens_per_micro_batch
+    checkpointer: Checkpointer
+    breakdown: StepBreakdown
+    start_step: int = 0
+    resumed: CheckpointInfo | None = None
+    why_fresh: str = ""
+
+
+@dataclass
+class StepOutput:
+    latent_sum: torch.Tensor  # this rank's latent loss summed over its micro-batches (not averaged)
+    action_sum: torch.Tensor
+    grad_norm: float
+    lr: float  # the LR this step used
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from step to step, and what the summary reports."""
+
+    status: str = proto.COMPLETED
+    step: int = 0
+    losses: dict[str, float] | None = None
+    last_ckpt: CheckpointInfo | None = None
+    timings: list[dict[str, float]] = field(default_factory=list)
+    failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
