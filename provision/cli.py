@@ -14,7 +14,6 @@ exit status does not change.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -24,16 +23,16 @@ from provision import prefix as prefixes
 from provision import vpkgs
 from provision.export import ExportError, export, from_dir
 from provision.install import INSTALLERS, Progress, ProvisionError, default_cache_dir, plan, provision
+from provision.jsonout import JsonRequest, outcome, run_click
 from provision.lock import PYPI_INDEX, LockError, check_lock, current_platform, default_mirrors, make_lock
 from provision.lockfile import read_lock
 from provision.spec import EnvSpec, SpecError, check_env_name, default_spec, load_spec
 from provision.vpkgs import VirtualPackages, VirtualPackagesError
 
 
-def _fail(message: str, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"ok": False, "error": message}))
+def _fail(message: str, request: JsonRequest) -> None:
     click.echo(f"provision: error: {message}", err=True)
+    request.emit(outcome(2, error=message))
     sys.exit(2)
 
 
@@ -153,10 +152,17 @@ def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str 
 @click.option("--no-project", is_flag=True, help="Do not pip-install this checkout into its env.")
 @click.option("--force", is_flag=True, help="Rebuild even when the env is up to date.")
 @click.option("--json", "as_json", is_flag=True, help="Exactly one JSON object on stdout; text on stderr.")
+@click.option(
+    "--json-file", type=click.Path(path_type=Path), default=None, help="Write that JSON object to FILE."
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def main(**opts) -> None:
     """Provision the conda env NAME (default: the spec's name) exactly as locked."""
-    as_json = opts["as_json"]
+    actions = [flag for flag, key in (("--relock", "relock"), ("--export", "export_dir"), ("--from", "from_dir_"))
+               if opts[key]]  # fmt: skip
+    if len(actions) > 1:
+        raise click.UsageError(f"{' and '.join(actions)} are separate steps: give one per command")
+    request = JsonRequest(stdout=opts["as_json"], file=opts["json_file"])
     progress = Progress(enabled=not opts["quiet"])
     try:
         summary = _dispatch(opts, progress)
@@ -168,17 +174,15 @@ def main(**opts) -> None:
         VirtualPackagesError,
         FileNotFoundError,
     ) as exc:
-        _fail(str(exc), as_json)
+        _fail(str(exc), request)
         return
     except OSError as exc:  # e.g. --prefix under a file, a read-only envs dir: name the path
-        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", as_json)
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", request)
         return
     line = summary.pop("_line")
-    summary["ok"] = True
-    if as_json:
-        click.echo(json.dumps(summary, indent=1, default=str))
-    else:
+    if not request.stdout:
         click.echo(f"provision: {line}")
+    request.emit(outcome(0, summary))
 
 
 def _dispatch(opts: dict, progress: Progress) -> dict:
@@ -293,4 +297,4 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
 
 
 if __name__ == "__main__":
-    main(prog_name="bin/provision")
+    run_click(main, "bin/provision")

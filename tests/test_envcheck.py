@@ -148,14 +148,35 @@ def test_one_json_convention_stdout_is_one_object(tmp_path, flags):
     assert prov.returncode == 2
     assert json.loads(prov.stdout) == {
         "ok": False,
+        "exit_code": 2,
         "error": prov.stderr.split("provision: error: ", 1)[1].strip(),
     }
+    assert json.loads(filed.read_text())["exit_code"] == 1  # the report carries the exit status too
+    prov_file = tmp_path / "provision.json"
+    prov = subprocess.run([sys.executable, "-m", "provision.cli", "not-the-env", "--json-file", str(prov_file)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert prov.returncode == 2 and prov.stdout == "" and json.loads(prov_file.read_text())["exit_code"] == 2
+
+
+@pytest.mark.parametrize(
+    "command", [ENVCHECK, [sys.executable, "-m", "provision.cli"]], ids=["envcheck", "provision"]
+)
+@pytest.mark.parametrize("bad", [["--no-such-flag"], ["--env", "a", "--prefix", "/x"]], ids=["flag", "both"])
+def test_a_bad_command_line_is_json_too(tmp_path, command, bad):
+    """The same object as bin/train's for a bad command line: {"ok": false, "exit_code": 2, "error"}."""
+    if command is not ENVCHECK and bad[0] == "--env":  # two actions at once: refused before doing either
+        bad = ["--relock", "--export", str(tmp_path / "kit")]
+    proc = subprocess.run([*command, *bad, "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    obj = json.loads(proc.stdout)
+    assert obj == {"ok": False, "exit_code": 2, "error": obj["error"]} and obj["error"]
+    assert "rror" in proc.stderr  # the text goes to stderr as without --json
 
 
 def test_env_and_prefix_together_is_a_usage_error(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 2 and "not both" in proc.stderr
+    assert proc.returncode == 2 and "not both" in proc.stderr and proc.stdout == ""
 
 
 def test_scrubbed_environment_drops_the_login_shell():

@@ -1,6 +1,7 @@
 """`python -m provision.check` is bin/envcheck."""
 
 from provision.check.cli import main
+from provision.jsonout import run_click
 
 if __name__ == "__main__":
-    main(prog_name="bin/envcheck")
+    run_click(main, "bin/envcheck")

@@ -16,14 +16,9 @@ from pathlib import Path
 
 import click
 
-from provision.atomic import write_atomic
 from provision.check import run_checks
+from provision.jsonout import JsonRequest, outcome, run_click
 from provision.prefix import resolve_prefix
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text)
 
 
 def _simulate(params: dict) -> int:
@@ -133,12 +128,14 @@ def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lo
         chosen_by=chosen_by,
     )
     print(report.render(), end="", file=text_stream, flush=True)
+    code = 0 if report.ok else 1
     if json_file:
-        _write_atomically(Path(json_file), report.to_json())
-    if as_json:
-        sys.stdout.write(report.to_json())
-    sys.exit(0 if report.ok else 1)
+        Path(json_file).parent.mkdir(parents=True, exist_ok=True)
+    JsonRequest(stdout=as_json, file=Path(json_file) if json_file else None).emit(
+        outcome(code, report.to_dict())
+    )
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    main(prog_name="bin/envcheck")
+    run_click(main, "bin/envcheck")

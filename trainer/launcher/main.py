@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from provision.jsonout import JsonRequest, outcome
 from provision.paths import repo_root
 from trainer import attempt as proto
 from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
@@ -47,7 +48,6 @@ from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
-from trainer.launcher.jsonout import JsonRequest, outcome
 from trainer.launcher.preflight import check_run_dir, env_checks, space_check
 from trainer.launcher.rendezvous import rendezvous
 from trainer.launcher.resolved import Known, Launch
@@ -80,7 +80,7 @@ def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """bin/train; with --json/--json-file the outcome object goes out last (trainer/launcher/jsonout.py)."""
+    """bin/train; with --json/--json-file the outcome object goes out last (provision/jsonout.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     request = JsonRequest.from_argv(argv)
     request.capture_stdout()

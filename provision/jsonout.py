@@ -1,14 +1,14 @@
-"""bin/train's --json / --json-file: the one convention of bin/provision, bin/envcheck and bin/train.
+"""--json / --json-file: the one convention of bin/provision, bin/envcheck and bin/train (its one owner).
 
-    --json            stdout carries exactly one JSON object, the outcome; every other byte the launcher,
-                      torchrun or a rank writes goes to stderr (fd 1 is pointed at fd 2 for the whole run,
-                      so child processes inherit it); the exit status does not change
+    --json            stdout carries exactly one JSON object, the outcome; every other line goes to stderr
+                      (bin/train points fd 1 at fd 2 for the whole run, so torchrun and the ranks inherit
+                      it); the exit status does not change
     --json-file FILE  the same object written to FILE atomically; stdout and stderr as without it
 
-The object is RUN_DIR/summary.json as this invocation left it (status, exit_code, losses, ...) plus
-"ok" (exit status 0) and "exit_code" (the exit status); where no summary applies (a usage error, an
-sbatch script, --preflight-only, a run dir that cannot be written) it is {"ok": ..., "exit_code": ...,
-"error"/"sbatch"/"preflight": ...}. Both flags are read before argparse so a usage error is JSON too.
+Every object has "ok" (exit status 0) and "exit_code" (the exit status); the rest is the command's
+result (bin/provision: what it did; bin/envcheck: the report; bin/train: RUN_DIR/summary.json as the run
+left it), or "error" for a bad command line. Both flags are read from argv before the parser runs, so a
+usage error is JSON too (run_click does this for the click commands).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import click
 
 from provision.atomic import write_atomic
 
@@ -32,12 +34,16 @@ class JsonRequest:
     _real_stdout: int | None = None
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> JsonRequest:
+    def from_argv(cls, argv: list[str], legacy_json_file: bool = False) -> JsonRequest:
+        """`legacy_json_file`: bin/envcheck's old spelling `--json FILE` (FILE not `-`) is --json-file."""
         request = cls()
         for i, arg in enumerate(argv):
             if arg == "--":
                 break
-            if arg == "--json":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if arg == "--json" and legacy_json_file and nxt is not None and not nxt.startswith("-"):
+                request.file = Path(nxt)
+            elif arg == "--json":
                 request.stdout = True
             elif arg == "--json-file" and i + 1 < len(argv):
                 request.file = Path(argv[i + 1])
@@ -64,7 +70,7 @@ class JsonRequest:
             try:
                 write_atomic(self.file, text)
             except OSError as exc:
-                print(f"[bin/train] could not write --json-file {self.file}: {exc}", file=sys.stderr)
+                print(f"could not write --json-file {self.file}: {exc}", file=sys.stderr)
         if self.stdout:
             sys.stdout.flush()
             fd = self._real_stdout if self._real_stdout is not None else 1
@@ -82,3 +88,23 @@ def outcome(exit_code: int, body: dict[str, Any] | None = None, **fields: Any) -
     result["ok"] = exit_code == 0
     result["exit_code"] = exit_code
     return result
+
+
+def run_click(command: click.Command, prog_name: str, argv: list[str] | None = None) -> NoReturn:
+    """Run a click command; a usage error is click's text on stderr and, under --json/--json-file, the
+    JSON object {"ok": false, "exit_code": 2, "error": ...}."""
+    argv = sys.argv[1:] if argv is None else argv
+    request = JsonRequest.from_argv(argv, legacy_json_file=True)
+    try:
+        command.main(args=argv, prog_name=prog_name, standalone_mode=False)
+    except click.exceptions.Exit as exc:  # --help
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        if request.wanted:
+            request.emit(outcome(exc.exit_code, error=exc.format_message()))
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(0)
