@@ -1,9 +1,11 @@
 """How big one checkpoint is, before any is written: what the preflight's disk-space check compares.
 
-A checkpoint (trainer/checkpoint.py) holds fp32 weights and AdamW's two fp32 moments per parameter (FSDP2
-keeps sharded parameters in fp32 under bf16 mixed precision; the bf16 copies are compute-only), one
-step counter per parameter tensor, DCP's .metadata (one entry per tensor chunk and rank), one RNG file
-per rank, train_state.json (the config), optionally model.safetensors (fp32 weights again), and COMPLETE.
+A checkpoint (trainer/checkpoint.py) holds fp32 weights of every parameter and AdamW's two fp32 moments
+of every trained one (FSDP2 keeps sharded parameters in fp32 under bf16 mixed precision; the bf16 copies
+are compute-only; frozen tensors, such as the released-but-never-called action text embedder, have no
+optimizer state), one step counter per trained tensor, DCP's .metadata (one entry per tensor chunk and
+rank), one RNG file per rank, train_state.json (the config), optionally model.safetensors (fp32 weights
+again), and COMPLETE.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ COMPLETE_BYTES_PER_FILE = 110  # COMPLETE: name, size and sha256 of each file
 class ModelSize:
     parameters: int
     tensors: int
+    trained_parameters: int | None = None  # None: every parameter trains (has optimizer state)
+    trained_tensors: int | None = None
+
+    @classmethod
+    def of(cls, params: list) -> ModelSize:
+        trained = [p for p in params if p.requires_grad]
+        return cls(sum(p.numel() for p in params), len(params), sum(p.numel() for p in trained), len(trained))
 
 
 def model_size(cfg: RunConfig) -> ModelSize:
@@ -39,14 +48,16 @@ def model_size(cfg: RunConfig) -> ModelSize:
 
     with torch.device("meta"):
         model = WorldModel(cfg)
-    params = list(model.parameters())
-    return ModelSize(sum(p.numel() for p in params), len(params))
+    return ModelSize.of(list(model.parameters()))
 
 
 def estimate_bytes(cfg: RunConfig, size: ModelSize, world_size: int) -> int:
     """Bytes of one checkpoint of this config at this world size."""
-    entries = size.tensors * 3 * world_size + 1  # weight, exp_avg, exp_avg_sq chunks per rank; lr schedule
-    tensors = size.parameters * (WEIGHT_BYTES + ADAM_BYTES) + size.tensors * STEP_BYTES
+    trained = size.parameters if size.trained_parameters is None else size.trained_parameters
+    trained_tensors = size.tensors if size.trained_tensors is None else size.trained_tensors
+    # weight chunks of every tensor, exp_avg + exp_avg_sq chunks of every trained one, per rank; lr schedule
+    entries = (size.tensors + 2 * trained_tensors) * world_size + 1
+    tensors = size.parameters * WEIGHT_BYTES + trained * ADAM_BYTES + trained_tensors * STEP_BYTES
     tensors += entries * DISTCP_BYTES_PER_ENTRY
     metadata = entries * METADATA_BYTES_PER_ENTRY
     train_state = len(json.dumps({"config": cfg.to_dict()}, indent=2)) + 200

@@ -114,10 +114,7 @@ def build(
         last_step=cfg.train.steps,
         async_save=cfg.checkpoint.async_save,
     )
-    params = list(model.parameters())
-    checkpointer.estimate = estimate_bytes(
-        cfg, ModelSize(sum(p.numel() for p in params), len(params)), world_size
-    )
+    checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
     complete, rig.why_fresh = scan(ckpt_root)
