@@ -101,8 +101,8 @@ def _worker(out_dir: Path, pairs: int) -> None:
 PHASE_COLUMNS = ("data", "h2d", "forward", "backward", "grad_comm", "param_comm", "optimizer", "idle")
 
 
-def run(quick: bool = False) -> list[Table]:
-    rounds = 2 if quick else 6
+def run(quick: bool = False, pairs: int | None = None) -> list[Table]:
+    rounds = pairs or (2 if quick else 6)
     with tempfile.TemporaryDirectory(prefix="bench_grad_accum_") as tmp:
         ranks = torchrun(Path(__file__), 2, ["--pairs", str(rounds)], Path(tmp), timeout=1200)
     info = ranks[0]["info"]
@@ -134,14 +134,19 @@ def run(quick: bool = False) -> list[Table]:
         )
 
     def compare(a: str, b: str) -> str:
+        # Each round runs every variant back to back (ABC CBA), so a round's ratio is paired under the
+        # same host load; its median is the headline (a ratio of medians mixes rounds of different load).
         per_round = [x / y for x, y in zip(step[a], step[b], strict=True)]
         r = median(step[a]) / median(step[b])
         return (
-            f"{a} / {b} step time = {r:.3f} (ratio of medians; per-round median {median(per_round):.3f}, "
-            f"range {min(per_round):.3f}-{max(per_round):.3f}, {len(per_round)} interleaved rounds)"
+            f"{a} / {b} step time = {median(per_round):.3f} (median of {len(per_round)} paired rounds, "
+            f"range {min(per_round):.3f}-{max(per_round):.3f}; ratio of medians {r:.3f})"
         )
 
-    winner = min(("sync-every", "sync-last"), key=lambda v: median(step[v]))
+    def paired(a: str, b: str) -> float:
+        return median([x / y for x, y in zip(step[a], step[b], strict=True)])
+
+    winner = "sync-last" if paired("sync-last", "sync-every") < 1 else "sync-every"
     table = Table(
         title=f"Gradient accumulation: 2 ranks ({info['device']}), grad_accum {info['grad_accum']}, "
         f"{info['params'] / 1e6:.2f} M params, {info['tokens_per_micro_batch']} tokens/micro-batch",
@@ -206,7 +211,7 @@ def main() -> None:
     if args.out_dir:
         _worker(Path(args.out_dir), args.pairs)
         return
-    for table in run(args.quick):
+    for table in run(args.quick, args.pairs if args.pairs != 6 else None):
         print(table.markdown())
 
 
