@@ -6,7 +6,10 @@ Contract:
   ENOSPC/EDQUOT OSError inside its block into one. `find_out_of_space(exc)` recognises one anywhere in an
   exception's chain, including DCP's CheckpointException (which wraps the failing rank's error).
 - `OutOfSpace.line()` is the one line the user sees: the filesystem (mount point, type), the path, the
-  free space, the size it needed, and the fix. `to_json` / `from_json` carry it in a rank record.
+  free space, the size it needed, and the fix (for the latent cache / dataset generation, which write beside
+  the data, the fix is data.cache_dir / data.path, not checkpoint.keep / --run-dir). EDQUOT is handled
+  exactly as ENOSPC everywhere; only the words differ ("quota exceeded", "raise the quota").
+  `to_json` / `from_json` carry it in a rank record.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a quota (EDQUOT, 122) is treated as a full disk
+DATA_WRITES = frozenset({"latent cache", "dataset generation"})  # writes beside the data, not in the run dir
 
 
 def human(n: int | None) -> str:
@@ -80,11 +84,21 @@ class OutOfSpace(OSError):
     def line(self, keep: int | None = None) -> str:
         r = self.report
         limit = "quota exceeded" if r.quota else "out of space"
-        keep_text = f" (now {keep})" if keep is not None else ""
+        free = f"{human(r.free)} free"
+        if r.quota:  # statvfs does not see a quota: the filesystem may have room this user may not use
+            free += " on the filesystem, none left in the quota"
+        room = "free space there" + (" (or raise the quota)" if r.quota else "")
+        if r.what in DATA_WRITES:  # the data's filesystem, not the run dir's: checkpoint.keep does not help
+            fix = (
+                f"{room}, or move the latent cache with --set data.cache_dir=DIR (or the data, data.path) "
+                "to a filesystem with room"
+            )
+        else:
+            keep_text = f" (now {keep})" if keep is not None else ""
+            fix = f"{room}, lower checkpoint.keep{keep_text}, or move --run-dir to a filesystem with room"
         return (
-            f"{limit} on {r.mount_point} ({r.fstype}) during the {r.what} of {r.path}: {human(r.free)} free, "
-            f"needed {human(r.needed)}; fix: free space there, lower checkpoint.keep{keep_text}, "
-            f"or move --run-dir to a filesystem with room"
+            f"{limit} on {r.mount_point} ({r.fstype}) during the {r.what} of {r.path}: {free}, "
+            f"needed {human(r.needed)}; fix: {fix}"
         )
 
     def to_json(self) -> dict[str, Any]:
