@@ -21,7 +21,7 @@ import pytest
 from tests.support.diskfull import STEPS, assert_said_once, clean_env, finish, launch, one_checkpoint, summary
 from trainer.checkpoint_layout import scan
 from trainer.data import cache as cache_mod
-from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space, guard
+from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space, guard, short_of_room
 
 # --- unit level: EDQUOT is matched wherever ENOSPC is --------------------------------------------------
 
@@ -68,6 +68,14 @@ def test_the_cache_writer_says_edquot_as_a_quota(tmp_path, monkeypatch):
         cache_mod._write_bytes(tmp_path / "episodes" / "a.npz", b"x" * 1000)
     assert info.value.report.quota and info.value.report.needed == 1000
     assert info.value.report.path == str(tmp_path / "episodes" / "a.npz")
+
+
+def test_short_of_room_without_a_quota_uses_statvfs(tmp_path):
+    assert short_of_room(tmp_path, "checkpoint save", None) is None  # no estimate: cannot tell
+    assert short_of_room(tmp_path, "checkpoint save", 4096) is None
+    huge = short_of_room(tmp_path, "checkpoint save", 1 << 62)
+    assert huge is not None and not huge.report.quota and huge.report.needed == 1 << 62
+    assert list(tmp_path.iterdir()) == []  # no probe left behind
 
 
 # --- a real quota: btrfs qgroups -----------------------------------------------------------------------
@@ -145,6 +153,17 @@ def test_a_real_quota_gives_edquot_and_the_cache_writer_leaves_nothing(quota):
     q.limit(64 << 20)
     cache_mod._write_bytes(entry, b"\1" * (8 << 20))  # room in the quota again: the same write works
     assert entry.stat().st_size == 8 << 20
+
+
+def test_short_of_room_sees_a_quota_that_statvfs_does_not(quota):
+    q = quota(4 << 20)
+    (q.path / "held").write_bytes(b"\1" * (3 << 20))
+    os.sync()  # qgroup accounting is settled at the transaction commit
+    short = short_of_room(q.path, "checkpoint save", 2 << 20)
+    assert short is not None and short.report.quota and short.errno == errno.EDQUOT
+    assert (short.report.free or 0) > 2 << 20  # statvfs alone would have said there is room
+    assert short_of_room(q.path, "checkpoint save", 256 << 10) is None
+    assert sorted(p.name for p in q.path.iterdir()) == ["held"]  # the probe is removed
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ Contract:
   cache in trainer/data, ...) raises when the filesystem is full; `guard(path, what, needed)` turns an
   ENOSPC/EDQUOT OSError inside its block into one. `find_out_of_space(exc)` recognises one anywhere in an
   exception's chain, including DCP's CheckpointException (which wraps the failing rank's error).
+  `short_of_room(dir, what, needed)` tells a write that failed without an errno (torch's zip writer) whether
+  the filesystem or a quota was the cause: statvfs, then a posix_fallocate probe (statvfs cannot see quotas).
 - `OutOfSpace.line()` is the one line the user sees: the filesystem (mount point, type), the path, the
   free space, the size it needed, and the fix (for the latent cache / dataset generation, which write beside
   the data, the fix is data.cache_dir / data.path, not checkpoint.keep / --run-dir). EDQUOT is handled
@@ -144,6 +146,37 @@ def find_out_of_space(exc: BaseException, what: str, path: str | os.PathLike[str
             assert isinstance(cause, OSError)
             where = cause.filename or path
             return OutOfSpace(what, where, quota=cause.errno == errno.EDQUOT)
+    return None
+
+
+def short_of_room(directory: str | os.PathLike[str], what: str, needed: int | None) -> OutOfSpace | None:
+    """OutOfSpace when the filesystem, or the quota, holding `directory` cannot take `needed` more bytes now.
+
+    For a write that failed without an errno (torch's zip writer turns a short write into RuntimeError
+    "unexpected pos"). statvfs first; then a reservation of `needed` bytes (posix_fallocate of a probe file,
+    removed at once, no data written), which a quota refuses with EDQUOT although statvfs shows room.
+    None when there is room, or when neither check can tell (no estimate, no fallocate there).
+    """
+    from provision.nodeinfo import free_bytes
+
+    if needed is None:
+        return None
+    try:
+        if free_bytes(directory) < needed:
+            return OutOfSpace(what, directory, needed)
+    except OSError:
+        return None
+    probe = Path(directory) / f".space-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, needed)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        if is_space_error(exc):
+            return OutOfSpace(what, directory, needed, quota=exc.errno == errno.EDQUOT)
     return None
 
 

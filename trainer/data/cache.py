@@ -16,6 +16,9 @@ fingerprinted by size + mtime_ns + sha256: a changed size, or a changed mtime wi
 makes the cache stale, and so does a file added or removed; the trainer refuses a stale cache (or a
 manifest whose spec disagrees with its directory) naming what differs. `prepare` is resumable: an episode
 entry whose fingerprint and spec hash match is not redone, so a killed run continues where it stopped.
+Every file is written atomically (provision/atomic.py): a write that runs out of space or quota leaves no
+partial entry and raises trainer.diskspace.OutOfSpace naming the entry and its size; the manifest, written
+last, is then never written, so an incomplete cache is never taken for a complete one.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ data.encoder and the prompt with data.text_encoder, and writes the cache next to
 (trainer/data/cache.py). Under torchrun each rank encodes episodes i % WORLD_SIZE == RANK on its own GPU,
 then rank 0 writes the text embeddings and the manifest. Resumable: run it again after a kill and finished
 episodes are kept. bin/train calls `ensure_cache` (below) itself when the cache is missing: rank 0
-prepares, the other ranks wait at a barrier (a gloo group with a long timeout, so a long preparation does
-not trip NCCL's watchdog).
+prepares, the other ranks wait for its outcome (a broadcast on a gloo group with a long timeout, so a long
+preparation does not trip NCCL's watchdog). A preparation that fails on rank 0 fails on every rank: out of
+space or quota is trainer.diskspace.OutOfSpace everywhere (the trainer stops all ranks at its safe point and
+the launcher says it in one line), never a rank left waiting on a barrier rank 0 will not reach.
 
 Stand-ins (patch_mean, the stand-in text embedding) are announced loudly in the log and recorded in the
 manifest and in the run's summary.json (DatasetSummary.stand_ins).
