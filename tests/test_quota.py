@@ -166,6 +166,17 @@ def test_short_of_room_sees_a_quota_that_statvfs_does_not(quota):
     assert sorted(p.name for p in q.path.iterdir()) == ["held"]  # the probe is removed
 
 
+def test_a_quota_hit_generating_episodes_leaves_no_half_dataset(quota):
+    from trainer.data.generate import generate_dataset
+
+    q = quota(2 << 20)  # one collector-format episode of 20 steps is about 6 MiB
+    with pytest.raises(OutOfSpace) as info:
+        generate_dataset(q.path / "furniture", episodes=2, length=20)
+    assert info.value.report.quota and info.value.report.what == "dataset generation"
+    assert "data.cache_dir" in info.value.line()
+    assert list(q.path.iterdir()) == []  # the temporary dataset directory is removed at once
+
+
 @pytest.mark.slow
 def test_a_quota_hit_during_a_save_is_one_line_and_a_rerun_resumes(quota, tmp_path):
     (tmp_path / "no-envs").mkdir()

@@ -28,7 +28,7 @@ TINY = [
     "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
     "checkpoint.every=2", "checkpoint.keep=2", "log.tensorboard=false",
 ]  # fmt: skip
-TIMEOUT = 240
+TIMEOUT = 600  # a deadline per launch (each runs envcheck, which compiles; slow on a loaded machine)
 
 
 def tiny_config():
