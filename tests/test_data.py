@@ -24,6 +24,7 @@ from trainer.data.normalize import QuantileNormalizer
 from trainer.data.prepare import ensure_cache, prepare
 from trainer.data.stream import ensure_dataset
 from trainer.data.text import StandInText, T5Text
+from trainer.diskspace import OutOfSpace
 
 EPISODES, LENGTH = 8, 24  # index 3: observation failure, index 5: failed demonstration
 
@@ -291,9 +292,10 @@ def test_out_of_space_keeps_errno_and_names_the_path(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(cache_mod, "write_atomic", full)
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OutOfSpace) as info:
         prepare(cfg)
-    assert info.value.errno == errno.ENOSPC and ".latents" in str(info.value.filename)
+    assert info.value.errno == errno.ENOSPC and ".latents" in info.value.report.path
+    assert info.value.report.what == "latent cache" and (info.value.report.needed or 0) > 0
 
 
 def test_cameras_are_encoded_separately_and_put_side_by_side(dataset):

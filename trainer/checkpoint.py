@@ -57,7 +57,7 @@ from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout i
     latest_complete,
     scan,
 )
-from trainer.diskspace import OutOfSpace, find_out_of_space, guard
+from trainer.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
 
 
 class CheckpointError(RuntimeError):
@@ -261,16 +261,9 @@ class Checkpointer:
 
     def _short_of_space(self, tmp: Path) -> OutOfSpace | None:
         """A save that failed without an errno (torch's zip writer turns a short write on a full disk into
-        RuntimeError "unexpected pos"), on a filesystem without room for one checkpoint: out of space."""
-        from provision.nodeinfo import free_bytes
-
-        try:
-            free = free_bytes(tmp)
-        except OSError:
-            return None
-        if self.estimate is None or free >= self.estimate:
-            return None
-        return OutOfSpace("checkpoint save", tmp, self.estimate)
+        RuntimeError "unexpected pos"), where the filesystem or the quota (EDQUOT, which statvfs does not
+        show) has no room for one checkpoint: out of space."""
+        return short_of_room(tmp, "checkpoint save", self.estimate)
 
     def _own_checksums(self, tmp: Path) -> dict[str, str]:
         """sha256 of the files this rank wrote (its DCP shards and RNG; rank 0 also the rest)."""

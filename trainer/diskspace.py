@@ -5,8 +5,13 @@ Contract:
   cache in trainer/data, ...) raises when the filesystem is full; `guard(path, what, needed)` turns an
   ENOSPC/EDQUOT OSError inside its block into one. `find_out_of_space(exc)` recognises one anywhere in an
   exception's chain, including DCP's CheckpointException (which wraps the failing rank's error).
+  `short_of_room(dir, what, needed)` tells a write that failed without an errno (torch's zip writer) whether
+  the filesystem or a quota was the cause: statvfs, then a posix_fallocate probe (statvfs cannot see quotas).
 - `OutOfSpace.line()` is the one line the user sees: the filesystem (mount point, type), the path, the
-  free space, the size it needed, and the fix. `to_json` / `from_json` carry it in a rank record.
+  free space, the size it needed, and the fix (for the latent cache / dataset generation, which write beside
+  the data, the fix is data.cache_dir / data.path, not checkpoint.keep / --run-dir). EDQUOT is handled
+  exactly as ENOSPC everywhere; only the words differ ("quota exceeded", "raise the quota").
+  `to_json` / `from_json` carry it in a rank record.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})  # a quota (EDQUOT, 122) is treated as a full disk
+DATA_WRITES = frozenset({"latent cache", "dataset generation"})  # writes beside the data, not in the run dir
 
 
 def human(n: int | None) -> str:
@@ -80,11 +86,21 @@ class OutOfSpace(OSError):
     def line(self, keep: int | None = None) -> str:
         r = self.report
         limit = "quota exceeded" if r.quota else "out of space"
-        keep_text = f" (now {keep})" if keep is not None else ""
+        free = f"{human(r.free)} free"
+        if r.quota:  # statvfs does not see a quota: the filesystem may have room this user may not use
+            free += " on the filesystem, none left in the quota"
+        room = "free space there" + (" (or raise the quota)" if r.quota else "")
+        if r.what in DATA_WRITES:  # the data's filesystem, not the run dir's: checkpoint.keep does not help
+            fix = (
+                f"{room}, or move the latent cache with --set data.cache_dir=DIR (or the data, data.path) "
+                "to a filesystem with room"
+            )
+        else:
+            keep_text = f" (now {keep})" if keep is not None else ""
+            fix = f"{room}, lower checkpoint.keep{keep_text}, or move --run-dir to a filesystem with room"
         return (
-            f"{limit} on {r.mount_point} ({r.fstype}) during the {r.what} of {r.path}: {human(r.free)} free, "
-            f"needed {human(r.needed)}; fix: free space there, lower checkpoint.keep{keep_text}, "
-            f"or move --run-dir to a filesystem with room"
+            f"{limit} on {r.mount_point} ({r.fstype}) during the {r.what} of {r.path}: {free}, "
+            f"needed {human(r.needed)}; fix: {fix}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -130,6 +146,37 @@ def find_out_of_space(exc: BaseException, what: str, path: str | os.PathLike[str
             assert isinstance(cause, OSError)
             where = cause.filename or path
             return OutOfSpace(what, where, quota=cause.errno == errno.EDQUOT)
+    return None
+
+
+def short_of_room(directory: str | os.PathLike[str], what: str, needed: int | None) -> OutOfSpace | None:
+    """OutOfSpace when the filesystem, or the quota, holding `directory` cannot take `needed` more bytes now.
+
+    For a write that failed without an errno (torch's zip writer turns a short write into RuntimeError
+    "unexpected pos"). statvfs first; then a reservation of `needed` bytes (posix_fallocate of a probe file,
+    removed at once, no data written), which a quota refuses with EDQUOT although statvfs shows room.
+    None when there is room, or when neither check can tell (no estimate, no fallocate there).
+    """
+    from provision.nodeinfo import free_bytes
+
+    if needed is None:
+        return None
+    try:
+        if free_bytes(directory) < needed:
+            return OutOfSpace(what, directory, needed)
+    except OSError:
+        return None
+    probe = Path(directory) / f".space-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, needed)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as exc:
+        if is_space_error(exc):
+            return OutOfSpace(what, directory, needed, quota=exc.errno == errno.EDQUOT)
     return None
 
 

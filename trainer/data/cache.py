@@ -16,15 +16,16 @@ fingerprinted by size + mtime_ns + sha256: a changed size, or a changed mtime wi
 makes the cache stale, and so does a file added or removed; the trainer refuses a stale cache (or a
 manifest whose spec disagrees with its directory) naming what differs. `prepare` is resumable: an episode
 entry whose fingerprint and spec hash match is not redone, so a killed run continues where it stopped.
+Every file is written atomically (provision/atomic.py): a write that runs out of space or quota leaves no
+partial entry and raises trainer.diskspace.OutOfSpace naming the entry and its size; the manifest, written
+last, is then never written, so an incomplete cache is never taken for a complete one.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK, Dis
 from trainer.data.encoder import VideoEncoder, config_hash
 from trainer.data.furniturebench import DatasetError, Episode, episode_status, validate_episode
 from trainer.data.text import TextEncoder
+from trainer.diskspace import guard
 
 CACHE_DIR = ".latents"
 MANIFEST = "manifest.json"
@@ -107,16 +109,11 @@ def fingerprint(path: Path, content: bytes | None = None) -> dict[str, Any]:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    """Atomic write; out of space is an OSError with its errno and the path (issue 15's disk-full case)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    """Atomic write (a failed one leaves nothing behind); out of space or quota is OutOfSpace naming the
+    entry and its size (issue 15's disk-full case)."""
+    with guard(path, "latent cache", needed=len(data)):
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, data)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(
-                exc.errno, f"{os.strerror(exc.errno)} while writing the latent cache", str(path)
-            ) from exc
-        raise
 
 
 def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

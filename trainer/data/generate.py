@@ -32,6 +32,7 @@ import numpy as np
 
 from trainer.data.discovery import TIMESTAMP_FORMAT, discover
 from trainer.data.furniturebench import IMAGE_SHAPE, write_episode
+from trainer.diskspace import OutOfSpace, guard
 
 GENERATOR_VERSION = 2
 FIRST_SAVE = dt.datetime(2026, 1, 1, 0, 0, 0)
@@ -285,6 +286,19 @@ def generate_dataset(
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        with guard(tmp, "dataset generation"):
+            _write_episodes(tmp, episodes, length, furniture, seed)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written dataset never keeps the space
+        raise
+    if out.is_dir():
+        out.rmdir()  # empty (checked above); rename cannot replace a directory that has entries
+    os.rename(tmp, out)
+    return out
+
+
+def _write_episodes(tmp: Path, episodes: int, length: int, furniture: str, seed: int) -> None:
     (tmp / furniture).mkdir(parents=True)
     for i in range(episodes):
         name = collector_name(i)
@@ -301,10 +315,6 @@ def generate_dataset(
         hz=10,
     )
     (tmp / "GENERATED.json").write_text(json.dumps(meta, indent=1) + "\n")
-    if out.is_dir():
-        out.rmdir()  # empty (checked above); rename cannot replace a directory that has entries
-    os.rename(tmp, out)
-    return out
 
 
 def main(argv=None) -> int:
@@ -322,6 +332,9 @@ def main(argv=None) -> int:
     except (FileExistsError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 2
+    except OutOfSpace as exc:
+        print(f"generate: {exc.line()}", file=sys.stderr)
+        return 1
     print(f"wrote {len(discover(args.out, args.task).files)} episodes to {args.out / args.task}")
     return 0
 

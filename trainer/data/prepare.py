@@ -8,8 +8,10 @@ data.encoder and the prompt with data.text_encoder, and writes the cache next to
 (trainer/data/cache.py). Under torchrun each rank encodes episodes i % WORLD_SIZE == RANK on its own GPU,
 then rank 0 writes the text embeddings and the manifest. Resumable: run it again after a kill and finished
 episodes are kept. bin/train calls `ensure_cache` (below) itself when the cache is missing: rank 0
-prepares, the other ranks wait at a barrier (a gloo group with a long timeout, so a long preparation does
-not trip NCCL's watchdog).
+prepares, the other ranks wait for its outcome (a broadcast on a gloo group with a long timeout, so a long
+preparation does not trip NCCL's watchdog). A preparation that fails on rank 0 fails on every rank: out of
+space or quota is trainer.diskspace.OutOfSpace everywhere (the trainer stops all ranks at its safe point and
+the launcher says it in one line), never a rank left waiting on a barrier rank 0 will not reach.
 
 Stand-ins (patch_mean, the stand-in text embedding) are announced loudly in the log and recorded in the
 manifest and in the run's summary.json (DatasetSummary.stand_ins).
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainer.data.cache import (
     MANIFEST,
@@ -40,6 +43,7 @@ from trainer.data.discovery import Discovery, discover
 from trainer.data.encoder import VideoEncoder, make_encoder
 from trainer.data.furniturebench import CAMERAS, DatasetError
 from trainer.data.text import TextEncoder, make_text_encoder
+from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space
 
 STAND_IN_BANNER = "!" * 100
 
@@ -139,44 +143,81 @@ def prepare(
     return Prepared(directory, found, video, text, encoded, kept, frames[0], seconds)
 
 
-def _long_barrier() -> Callable[[], None]:
-    """A barrier over every rank that tolerates a preparation of hours (gloo, CPU)."""
+def _long_group(world_size: int):
+    """A gloo group over every rank that tolerates a preparation of hours; None with one rank."""
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return lambda: None
-    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
-    return lambda: dist.barrier(group=group)
+    if world_size == 1 or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
+
+
+def _outcome(failure: BaseException | None) -> tuple[str, Any] | None:
+    """What the other ranks are told of rank 0's preparation: None (done), a space report, or an error."""
+    if failure is None:
+        return None
+    space = find_out_of_space(failure, "latent cache", "?")
+    if space is not None:
+        return ("space", space.to_json())
+    return ("error", f"{type(failure).__name__}: {failure}")
+
+
+def _agree(group, rank: int, failure: BaseException | None) -> None:
+    """Every rank, always: rank 0 says how its preparation went; when it failed, every rank raises.
+
+    Out of space on rank 0 becomes OutOfSpace on every rank (the trainer's safe point then stops them all
+    and the launcher says it in one line); another failure is a DatasetError naming rank 0's error.
+    """
+    if group is not None:
+        import torch.distributed as dist
+
+        box = [_outcome(failure) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        said = box[0]
+    else:
+        said = None
+    if failure is not None:
+        raise failure
+    if said is None:
+        return
+    kind, detail = said
+    if kind == "space":
+        raise OutOfSpace.of(SpaceReport(**detail))
+    raise DatasetError(f"rank 0 could not prepare the latent cache: {detail}")
+
+
+def _prepare_on_rank0(cfg, found: Discovery, directory: Path, log: Callable[[str], None]) -> None:
+    others = sorted(p.name for p in directory.parent.glob("*") if p != directory and (p / MANIFEST).is_file())
+    if others:
+        log(f"data: caches made with other settings exist ({', '.join(others)}); preparing {directory.name}")
+    log(f"data: no latent cache at {directory}: preparing it now (python -m trainer.data.prepare)")
+    from trainer.data.stream import dataset_lock
+
+    with dataset_lock(found.root):
+        if not (directory / MANIFEST).is_file():
+            prepare(cfg, 0, 1, log=log)
 
 
 def ensure_cache(cfg, rank: int, world_size: int, log: Callable[[str], None] = print) -> tuple[Path, dict]:
     """(cache directory, manifest) of a complete, current cache; prepared on rank 0 when missing.
 
     A present but stale or mismatched cache is refused (StaleCache naming what differs); run prepare.
+    A preparation that fails on rank 0 (out of space, a bad episode) fails on every rank, never a hang:
+    every rank reaches the same agreement whatever rank 0's preparation did.
     """
     check_data_config(cfg)
     found = discover(data_root(cfg), cfg.data.task)
     video, text = make_encoder(cfg), make_text_encoder(cfg)
     spec = make_spec(cfg, video, text)
     directory = cache_dir(found.root, spec, cfg.data.cache_dir)
-    barrier = _long_barrier()
-    if not (directory / MANIFEST).is_file():
-        if rank == 0:
-            others = sorted(
-                p.name for p in directory.parent.glob("*") if p != directory and (p / MANIFEST).is_file()
-            )
-            if others:
-                log(
-                    f"data: caches made with other settings exist ({', '.join(others)}); "
-                    f"preparing {directory.name}"
-                )
-            log(f"data: no latent cache at {directory}: preparing it now (python -m trainer.data.prepare)")
-            from trainer.data.stream import dataset_lock
-
-            with dataset_lock(found.root):
-                if not (directory / MANIFEST).is_file():
-                    prepare(cfg, 0, 1, log=log)
-    barrier()  # every rank, always: the decision to prepare is rank 0's alone
+    group = _long_group(world_size)
+    failure: BaseException | None = None
+    if rank == 0 and not (directory / MANIFEST).is_file():  # the decision to prepare is rank 0's alone
+        try:
+            _prepare_on_rank0(cfg, found, directory, log)
+        except Exception as exc:  # told to every rank below, then raised here too
+            failure = exc
+    _agree(group, rank, failure)
     return directory, check_manifest(found, directory, spec)
 
 
@@ -219,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             found = discover(data_root(cfg), cfg.data.task)
             check_manifest(found, manifest_dir, make_spec(cfg, result.video, result.text))
+    except OutOfSpace as exc:  # the cache is the only thing prepare writes: one line, no traceback
+        print(f"prepare: {exc.line()}", file=sys.stderr)
+        return 1
     except (DatasetError, StaleCache, ValueError) as exc:
         print(f"prepare: {exc}", file=sys.stderr)
         return 1
