@@ -158,8 +158,8 @@ def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str 
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
 def main(**opts) -> None:
     """Provision the conda env NAME (default: the spec's name) exactly as locked."""
-    actions = [flag for flag, key in (("--relock", "relock"), ("--export", "export_dir"), ("--from", "from_dir_"))
-               if opts[key]]  # fmt: skip
+    steps = (("--relock", "relock"), ("--export", "export_dir"), ("--from", "from_dir_"))
+    actions = [flag for flag, key in steps if opts[key]]
     if len(actions) > 1:
         raise click.UsageError(f"{' and '.join(actions)} are separate steps: give one per command")
     request = JsonRequest(stdout=opts["as_json"], file=opts["json_file"])

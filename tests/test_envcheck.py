@@ -153,8 +153,8 @@ def test_one_json_convention_stdout_is_one_object(tmp_path, flags):
     }
     assert json.loads(filed.read_text())["exit_code"] == 1  # the report carries the exit status too
     prov_file = tmp_path / "provision.json"
-    prov = subprocess.run([sys.executable, "-m", "provision.cli", "not-the-env", "--json-file", str(prov_file)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [sys.executable, "-m", "provision.cli", "not-the-env", "--json-file", str(prov_file)]
+    prov = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert prov.returncode == 2 and prov.stdout == "" and json.loads(prov_file.read_text())["exit_code"] == 2
 
 

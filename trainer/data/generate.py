@@ -149,6 +149,8 @@ def _joint_positions(ee_pos, yaw) -> np.ndarray:
     )
 
 
+# long: one scripted pick-and-place whose state (gripper, part, goal) the step loop updates in place;
+# split up, the same eight variables would travel through every piece.
 def generate_episode(seed: int, index: int, length: int, furniture: str) -> dict:
     """One episode of `length` actions (length + 1 observations), deterministic in (seed, index)."""
     rng = np.random.default_rng([seed, index])

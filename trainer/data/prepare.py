@@ -98,7 +98,7 @@ class Prepared:
 
 
 def data_root(cfg) -> Path:
-    from trainer.data.stream import resolve_data_path
+    from trainer.data.location import resolve_data_path
 
     return resolve_data_path(cfg)
 
@@ -191,7 +191,7 @@ def _prepare_on_rank0(cfg, found: Discovery, directory: Path, log: Callable[[str
     if others:
         log(f"data: caches made with other settings exist ({', '.join(others)}); preparing {directory.name}")
     log(f"data: no latent cache at {directory}: preparing it now (python -m trainer.data.prepare)")
-    from trainer.data.stream import dataset_lock
+    from trainer.data.location import dataset_lock
 
     with dataset_lock(found.root):
         if not (directory / MANIFEST).is_file():

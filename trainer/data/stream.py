@@ -27,12 +27,10 @@ generator seeded by (seed, step, micro, rank).
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import shutil
 import tempfile
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -44,11 +42,11 @@ from trainer.data.cache import cache_dir
 from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery, discover
 from trainer.data.furniturebench import DatasetError
 from trainer.data.generate import generate_dataset
+from trainer.data.location import dataset_lock, resolve_data_path
 from trainer.data.normalize import QuantileNormalizer
 from trainer.masks import SequenceShape, sequence_shape
 from trainer.recipe import EmptyText, draw_micro_batch
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ACTION_CLIP = 1.5  # reference _action_post_process; recipe.action_clip when the recipe config exists
 
 BATCH_KEYS = {
@@ -60,32 +58,6 @@ BATCH_KEYS = {
     "sample_index": "(B,) int64 global clip index (episode-major), for checks and logs",
     "...": "the recipe's draws: see trainer/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
 }
-
-
-def resolve_data_path(cfg) -> Path:
-    path = Path(cfg.data.path).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
-
-
-@contextmanager
-def dataset_lock(root: Path):
-    """Serialise generation and cache building across ranks (and concurrent runs) on one machine."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = root.parent / f".{root.name}.lock"
-    try:
-        handle = open(lock_path, "a")
-    except OSError:
-        yield  # read-only location: nothing will be written there either
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-_dataset_lock = dataset_lock
 
 
 def ensure_dataset(cfg) -> list[Path]:
