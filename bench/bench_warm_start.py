@@ -1,7 +1,8 @@
 """Requeue warm start: attempt start -> first optimizer step, cold vs requeued, bin/train end to end.
 
 Each pair starts from nothing: its own persistent compile caches (TORCHINDUCTOR_CACHE_DIR,
-TRITON_CACHE_DIR), its own TMPDIR (Inductor keeps precompiled headers there) and run dir. In a pair:
+TRITON_CACHE_DIR, and the precompiled headers beside the Inductor cache: the launcher gives the ranks a
+node-local TMPDIR seeded with them), its own TMPDIR and run dir. In a pair:
     cold        `bin/train furniture_train 1` (cpu_scale, train.compile=true): empty caches, no preflight
                 record; stopped with SIGUSR1 after its first optimizer step (a preemption: it saves a
                 checkpoint, exits 75 and writes its new kernels back to the persistent caches)

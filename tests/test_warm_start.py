@@ -92,6 +92,24 @@ def test_a_first_attempt_creates_the_persistent_cache(tmp_path):
     }
 
 
+def test_inductor_precompiled_headers_persist_through_the_ranks_tmpdir(tmp_path):
+    """Inductor keeps precompiled headers under $TMPDIR whatever its cache dir says: the ranks get a
+    node-local TMPDIR seeded from the persistent copy beside the Inductor cache, written back at exit."""
+    inductor = tmp_path / "ind"
+    persistent_pch = tmp_path / "ind_precompiled_headers"
+    make(persistent_pch, {"abc.h": "#include <x>", "abc.h.gch": "pch", "locks/abc.lock": ""})
+    env = {"HOME": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(inductor), "TMPDIR": "/launcher/tmp"}
+    localise_compile_caches(env, tmp_path / "scratch", "j", "tool-env", "cpu")
+    ranks_tmp = Path(env["TMPDIR"])
+    assert ranks_tmp.is_relative_to(tmp_path / "scratch")
+    local_pch = compile_cache.inductor_header_dir(ranks_tmp)
+    assert tree(local_pch) == {"abc.h": "#include <x>", "abc.h.gch": "pch"}
+    make(local_pch, {"def.h.gch": "new pch"})
+    write_back_compile_caches(env)
+    assert tree(persistent_pch)["def.h.gch"] == "new pch"
+    assert not ranks_tmp.exists()  # the ranks' TMPDIR goes with the local copies
+
+
 def _publisher(src: str, dest: str, barrier, results) -> None:
     barrier.wait()  # every writer starts publishing at the same moment
     results.put(publish(Path(src), Path(dest)).files)
