@@ -118,6 +118,7 @@ def _attempt(run_dir: Path, env: dict[str, str], log: Path) -> dict[str, float]:
         "rank_to_built_s": built - torchrun,
         "built_to_first_step_s": total - built,
         "first_step": first_step,
+        "load_1min": os.getloadavg()[0],  # the host's load when the first step was seen (shared host)
     }
 
 
@@ -147,10 +148,18 @@ def run(quick: bool = False, pairs: int | None = None) -> list[Table]:
         results = [_pair(Path(tmp), i) for i in range(n)]
     kinds = ("cold", "warm", "warm-other")
     keys = ("first_step_s", "launcher_preflight_s", "rank_to_built_s", "built_to_first_step_s")
-    rows = [[kind] + [median(r[kind][k] for r in results) for k in keys] for kind in kinds]
+    rows = [
+        [f"{kind} (median)"] + [median(r[kind][k] for r in results) for k in keys] + [""] for kind in kinds
+    ]
+    rows += [
+        [f"pair {i} {kind}"] + [r[kind][k] for k in keys] + [r[kind]["load_1min"]]
+        for i, r in enumerate(results)
+        for kind in kinds
+    ]
     ratios = {kind: [r[kind]["first_step_s"] / r["cold"]["first_step_s"] for r in results] for kind in kinds}
-    ratio = median(r["warm"]["first_step_s"] for r in results) / rows[0][1]
-    other = median(r["warm-other"]["first_step_s"] for r in results) / rows[0][1]
+    cold = median(r["cold"]["first_step_s"] for r in results)
+    ratio = median(r["warm"]["first_step_s"] for r in results) / cold
+    other = median(r["warm-other"]["first_step_s"] for r in results) / cold
     per_pair = ", ".join(f"{x:.3f}" for x in ratios["warm"])
     table = Table(
         title="Requeue warm start: bin/train start -> first optimizer step "
@@ -161,6 +170,7 @@ def run(quick: bool = False, pairs: int | None = None) -> list[Table]:
             "launcher + preflight s",
             "rank start -> built s",
             "built -> first step s",
+            "host load (1 min)",
         ],  # fmt: skip
         rows=rows,
         ratio=f"warm / cold time to first optimizer step = {ratio:.3f} (ratio of medians; per pair "
