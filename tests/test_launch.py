@@ -27,7 +27,6 @@ from trainer.config import load_config
 from trainer.launcher import main as launch
 from trainer.launcher import supervise
 from trainer.launcher.cli import parse_args
-from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.envchoice import EnvChoice, resolve_env, tool_env
 from trainer.launcher.errors import PreflightError
 from trainer.launcher.preflight import env_checks
@@ -285,28 +284,6 @@ def test_tool_env_skips_only_the_provision_bookkeeping_and_says_so(monkeypatch):
     # The same failures on a provisioned env are real.
     with pytest.raises(PreflightError, match="env.complete: no manifest"):
         env_checks(EnvChoice(Path("/p"), Path("/p/bin/python"), provisioned=True), {})
-
-
-def test_compile_caches_on_a_network_fs_become_node_local_copies(tmp_path, monkeypatch):
-    shared = tmp_path / "nfs" / "triton"
-    (shared / "kernel").mkdir(parents=True)
-    (shared / "kernel" / "k.so").write_text("warm")
-    local_inductor = tmp_path / "local" / "inductor"
-    monkeypatch.setattr(
-        provision.nodeinfo,
-        "filesystem_type",
-        lambda p: "nfs4" if str(p).startswith(str(tmp_path / "nfs")) else "ext4",
-    )
-    env = {
-        "TRITON_CACHE_DIR": str(shared),
-        "TORCHINDUCTOR_CACHE_DIR": str(local_inductor),
-        "HOME": str(tmp_path),
-    }
-    notes = localise_compile_caches(env, tmp_path / "scratch", "job42")
-    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "scratch" / "lingbot-job42-triton_cache_dir")
-    assert (Path(env["TRITON_CACHE_DIR"]) / "kernel" / "k.so").read_text() == "warm"  # seeded
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(local_inductor)  # already local: untouched
-    assert len(notes) == 1 and "nfs4" in notes[0]
 
 
 # --- rendezvous, verdict, requeue, sbatch -------------------------------------------------------------

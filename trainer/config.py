@@ -125,6 +125,10 @@ class TrainConfig:
     keep_params_gathered: bool = True  # no re-all-gather between micro-steps (FSDP2 reshard_after_* False)
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
+    # torch.compile each transformer block (Inductor: C++ on CPU, Triton on GPU); a train.* key, not
+    # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
+    # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
+    compile: bool = False
 
 
 @dataclass

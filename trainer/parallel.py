@@ -14,6 +14,12 @@ the last micro-step only (train.grad_sync=last), and with train.keep_params_gath
 all-gathered from the first forward to the last backward of a step (one all-gather pass per step instead
 of two per micro-step, for one unsharded copy of the parameters per rank).
 Activation checkpointing wraps each block (non-reentrant) before sharding, as torchtitan does.
+train.compile (off by default) compiles each block's forward with torch.compile before checkpointing and
+sharding (torchtitan's per-block compile): the FSDP2 hooks and the checkpoint wrapper stay outside the
+compiled region, parameter names (and so checkpoints) are unchanged, and every block shares one compiled
+graph (Dynamo inlines nn.Modules, so the blocks differ only in their parameters, which are graph inputs).
+Shapes are static per config (the packed length is padded per config; chunk and window redraws change
+mask values only), so nothing recompiles after the first micro-step.
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     blocks = _blocks(model)
     for i, block in enumerate(blocks):
         blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """torch.compile each block's forward in place (Inductor); module and parameter names unchanged."""
+    for block in _blocks(model):
+        block.forward = torch.compile(block.forward)
 
 
 def build_model(cfg, device: torch.device) -> nn.Module:
@@ -87,6 +99,8 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
             "shard_model: torch.distributed is not initialised; run under torchrun (bin/train)"
         )
     device = torch.device(device)
+    if cfg.train.compile:
+        apply_compile(model)
     if cfg.model.activation_checkpointing:
         apply_activation_checkpointing(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

@@ -26,7 +26,7 @@ from pathlib import Path
 from provision.check.checks_node import cache_filesystem_verdict
 from provision.check.context import Context, env_name_of, scrubbed_environment
 from provision.check.report import FAIL, PASS, REPORT_FORMAT, SKIP, STATUSES, WARN, Check, Report
-from provision.check.table import TABLE, run_table
+from provision.check.table import TABLE, CheckSpec, run_table
 
 __all__ = [
     "FAIL",
@@ -55,6 +55,7 @@ def run_checks(
     progress: Callable[[str], None] | None = None,
     chosen_by: str = "given",
     compile_as_caller: bool = False,
+    table: tuple[CheckSpec, ...] = TABLE,
 ) -> Report:
     """Check the env at `prefix` as a job on this node would use it; see the module docstring.
 
@@ -62,7 +63,8 @@ def run_checks(
     (variables, the Triton C build and one small Inductor kernel, caches, filesystems, node);
     `mountinfo` replaces /proc/self/mountinfo (tests); `progress` receives lines for the slow checks;
     `compile_as_caller`: for a prefix that is no provisioned env (bin/train's tool-env fallback), run the
-    compile checks with the caller's environment instead of skipping them (never under --worker)."""
+    compile checks with the caller's environment instead of skipping them (never under --worker);
+    `table`: the rows to run (bin/train's preflight leaves out compile checks a recorded pass stands for)."""
     prefix = Path(prefix)
     ctx = Context(
         prefix=prefix,
@@ -84,7 +86,7 @@ def run_checks(
         time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     started = time.perf_counter()
-    report.checks = run_table(ctx)
+    report.checks = run_table(ctx, table)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 

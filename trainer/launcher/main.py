@@ -44,7 +44,7 @@ from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
 from trainer.launcher import early, supervise
 from trainer.launcher.cli import UsageError, parse_args
-from trainer.launcher.compile_cache import localise_compile_caches
+from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
@@ -250,7 +250,7 @@ def _preflight(
     if args.env_checked:
         say("env checks: skipped (--env-checked: the job's --preflight-only step ran them on this node)")
     else:
-        for note in env_checks(choice, env):
+        for note in env_checks(choice, env, run_dir):  # a recorded pass on this node: preflight.py
             say(note)
     if rdzv.node_rank == 0:
         for note in space_check(run_dir, cfg, world_size):
@@ -263,7 +263,8 @@ def _prepare_attempt(launch: Launch, nproc: int, environ: dict[str, str]) -> Att
     env, rdzv = launch.env, launch.rdzv
     job = environ.get("SLURM_JOB_ID") or f"pid{os.getpid()}"
     scratch = Path(environ.get("SLURM_TMPDIR") or environ.get("TMPDIR") or tempfile.gettempdir())
-    for note in localise_compile_caches(env, scratch, job):
+    env_name = env_key_name(launch.choice.prefix, launch.choice.provisioned)
+    for note in localise_compile_caches(env, scratch, job, env_name):
         say(note)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
 
@@ -320,6 +321,8 @@ def _run(
     elif rdzv.node_rank != 0:  # node 0 writes summary.json; this node reports its own verdict
         known.report = {"status": result.status, "reason": result.reason, "node_rank": rdzv.node_rank,
                         "attempt": attempt.id, "failed_rank": result.failed_rank}  # fmt: skip
+    for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
+        say(note)
     _report(launch, result, args, environ, torchrun.signals)
     return exit_code
 
