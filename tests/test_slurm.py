@@ -160,8 +160,19 @@ def release(sc: Scenario) -> None:
     (sc.pause_dir / "release").touch()
 
 
+def slurm_log(sc: Scenario) -> str:
+    """The job's whole log (every attempt appends to slurm-<job>.out): what the assertions search."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted(sc.run_dir.glob("slurm-*.out")))
+
+
+def tail(text: str, chars: int = 6000) -> str:
+    """The end of a log, for a failure message (never for an assertion: a requeued job's log is long,
+    and a line of an earlier attempt is far from its end)."""
+    return text[-chars:]
+
+
 def slurm_output(sc: Scenario) -> str:
-    return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(sc.run_dir.glob("slurm-*.out")))
+    return tail(slurm_log(sc))
 
 
 def summary(sc: Scenario) -> dict:
@@ -269,7 +280,7 @@ def drive_preflight_stop(how: list[str]):
         poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "bin/train to pause in preflight")
         cluster.run([*how, sc.job])
         # the stop must reach bin/train while it waits in preflight: its stop note is the proof
-        poll(cluster, sc, lambda: "before any rank started" in slurm_output(sc), 120, "the stop in preflight")
+        poll(cluster, sc, lambda: "before any rank started" in slurm_log(sc), 120, "the stop in preflight")
         release(sc)
         restarts = 1 if "--batch" in how else 0
         return wait_final(cluster, sc, restarts_at_least=restarts)
@@ -309,6 +320,11 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         s = sc(f"requeue{suffix}")
         s.pause(point)
         out.append((s, drive_stop(["scontrol", "requeue"], slow)))
+    # the path of the time-limit warning that lands while the ranks start: a stop at an attempt's first
+    # step (saved at step 1; the resumed attempt then prints more than 6 KB after the stop line)
+    s = sc("usr1_first_step")
+    s.pause("step:1")
+    out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"])))
     s = sc("scancel")
     s.pause("step:3")
     out.append((s, drive_stop(["scancel"])))
@@ -358,7 +374,8 @@ def outcome(outcomes, name: str) -> tuple[Scenario, dict[str, str]]:
 
 
 def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], reference: dict) -> dict:
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, out)
     assert int(record["Restarts"]) >= 1, (record, out)
     assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
@@ -368,7 +385,7 @@ def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], referenc
     losses = losses_by_step(sc.run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1)), losses
     assert losses == reference, (losses, reference)  # after the resume: exactly the uninterrupted run's
-    assert "SignalException" not in out, out
+    assert "SignalException" not in log, out
     return result
 
 
@@ -413,8 +430,8 @@ def test_run_to_completion(outcomes, reference):
     result = summary(sc)
     assert result["status"] == "completed" and result["exit_code"] == 0, result
     assert sorted(reference) == list(range(1, STEPS + 1))
-    out = slurm_output(sc)
-    assert "no provisioned env found; running in the tool environment" in out, out
+    log = slurm_log(sc)
+    assert "no provisioned env found; running in the tool environment" in log, tail(log)
 
 
 def test_a_rank_runtime_error_fails_the_job_naming_the_rank(outcomes):
@@ -446,13 +463,8 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
     "name",
     [
         "usr1",
-        pytest.param(
-            "time_limit",
-            marks=pytest.mark.skip(
-                reason="open (issue 10): in the final clean-clone run the job COMPLETED but resumed from "
-                "step 1 with no matching stop line (a 4-min limit on a loaded host); not diagnosed yet"
-            ),
-        ),
+        "usr1_first_step",
+        "time_limit",
         "requeue",
         "usr1_slow",
         "time_limit_slow",
@@ -462,15 +474,19 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
 def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, name):
     sc, record = outcome(outcomes, name)
     result = assert_requeued_and_completed(sc, record, reference)
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     if name == "requeue_slow":
         # KillWait (30 s) ends a save that takes over a minute: Slurm requeues anyway, the job resumes
         # from the previous complete checkpoint and still completes.
         assert result["resumed_from"] == 2, result
     elif name.startswith("time_limit"):
         # Slurm picks the moment of its warning (a loaded machine may still be starting the ranks, and a
-        # requeued run gets a warning of its own): the job resumes from the save of its last stop
-        assert f"stopping at step {result['resumed_from']} " in out, (result, out)
+        # requeued run gets a warning of its own): the job resumes from the save of its last stop, said
+        # by the attempt that stopped (anywhere in the log: a resume from step 1 prints ~6 KB after it)
+        assert f"stopping at step {result['resumed_from']} " in log, (result, out)
+    elif name == "usr1_first_step":
+        assert result["resumed_from"] == 1 and "stopping at step 1 " in log, (result, out)
     else:
         # the save at the stop completed: the requeued attempt resumes from it
         assert result["resumed_from"] == (4 if name.endswith("_slow") else 3), (result, out)
@@ -478,28 +494,30 @@ def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, nam
 
 def test_plain_scancel_is_a_cancel_not_a_requeue(outcomes, slurm):
     sc, record = outcome(outcomes, "scancel")
-    out = slurm_output(sc)
+    out = slurm_log(sc)
     assert record["JobState"] == "CANCELLED" and int(record["Restarts"]) == 0, (record, out)
     # bin/train saved and exited after the cancel; nothing it did afterwards may requeue the job
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and "[bin/train] preempted" not in out:
         time.sleep(0.5)  # polling the job's log with a deadline
-        out = slurm_output(sc)
-    assert "[bin/train] preempted" in out, out
+        out = slurm_log(sc)
+    assert "[bin/train] preempted" in out, tail(out)
     again = slurm.job(sc.job)
-    assert again["JobState"] == "CANCELLED" and int(again["Restarts"]) == 0, (again, out)
+    assert again["JobState"] == "CANCELLED" and int(again["Restarts"]) == 0, (again, tail(out))
     result = summary(sc)
     assert result["status"] == "preempted" and result["last_complete_checkpoint"]["step"] == 3, result
-    assert "requeue" not in out.split("[bin/train] preempted", 1)[1].lower() or "not requeued" in out, out
+    after = out.split("[bin/train] preempted", 1)[1]
+    assert "requeue" not in after.lower() or "not requeued" in after, tail(out)
 
 
 @pytest.mark.parametrize("name,state", [("preflight_usr1", "COMPLETED"), ("preflight_scancel", "CANCELLED")])
 def test_a_stop_during_preflight_is_never_a_failure(outcomes, name, state):
     sc, record = outcome(outcomes, name)
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     assert record["JobState"] == state, (record, out)
     assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
-    assert "envcheck could not run" not in out, out
+    assert "envcheck could not run" not in log, out
     if state == "COMPLETED":
         assert int(record["Restarts"]) >= 1 and record["ExitCode"] == "0:0", record
         assert summary(sc)["status"] == "completed"
