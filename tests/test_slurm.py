@@ -41,6 +41,7 @@ TINY = [
 ]  # fmt: skip
 NPROC = 2
 SLOW_SAVE_S = 65
+TIME_LIMIT_MIN = 30  # the time-limit scenarios' --time; the driver shortens it once rank 0 is parked
 JOB_TIMEOUT = 900
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
@@ -228,16 +229,24 @@ def drive_kill9_torchrun(cluster: SlurmCluster, sc: Scenario) -> dict:
     return record
 
 
-def drive_stop(how: list[str], slow: bool = False, point_timeout: float = JOB_TIMEOUT):
-    """Pause rank 0 (at a step, or inside a save), stop the job with `how`, wait for the launcher's stop
-    file, release (after SLOW_SAVE_S for a slow save), then wait for the final state."""
+def drive_stop(how: list[str], slow: bool = False, time_limit_lead_s: int | None = None):
+    """Pause rank 0 (at a step, or inside a save), stop the job with `how` (or with Slurm's time-limit
+    warning: see shorten_time_limit), wait for the launcher's stop file, release (after SLOW_SAVE_S for a
+    slow save), then wait for the final state."""
 
     def drive(cluster: SlurmCluster, sc: Scenario) -> dict:
         poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause")
         signalled = time.monotonic()
-        if how:
+        if time_limit_lead_s is not None:
+            shorten_time_limit(cluster, sc, time_limit_lead_s)
+        elif how:
             cluster.run([*how, sc.job])
-        poll(cluster, sc, lambda: bool(stop_files(sc)), point_timeout, "bin/train's stop file")
+        poll(cluster, sc, lambda: bool(stop_files(sc)), 300, "bin/train's stop file")
+        if time_limit_lead_s is not None:
+            # the warning came (Slurm chose the moment): the requeued attempt runs under the submitted limit
+            sc.notes["shortened_to_warning_s"] = time.monotonic() - signalled
+            signalled = time.monotonic()
+            cluster.run(["scontrol", "update", f"JobId={sc.job}", f"TimeLimit={TIME_LIMIT_MIN}"])
         sc.notes["signal_to_stop_file_s"] = time.monotonic() - signalled
         if slow:
             while time.monotonic() - signalled < SLOW_SAVE_S:
@@ -249,6 +258,24 @@ def drive_stop(how: list[str], slow: bool = False, point_timeout: float = JOB_TI
         return wait_final(cluster, sc, restarts_at_least=restarts)
 
     return drive
+
+
+def run_time_s(record: dict[str, str]) -> int:
+    """Slurm's RunTime=[D-]HH:MM:SS in seconds."""
+    days, _, clock = record["RunTime"].rpartition("-")
+    h, m, sec = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def shorten_time_limit(cluster: SlurmCluster, sc: Scenario, lead_s: int) -> None:
+    """Make Slurm's own time-limit warning come now that rank 0 is parked: set the running job's limit
+    (whole minutes) to the first that leaves at most lead_s + 60 s. slurmctld sends the script's
+    --signal=B:USR1@lead when the time left drops to lead_s, at its next time-limit check (about every
+    30 s): within ~90 s, with at least lead_s - 30 s left before the limit itself. A short --time
+    instead makes the warning land wherever a loaded host happens to be; at load average 20 every
+    attempt was still in its preflight when it came, and none ever reached a step."""
+    limit_min = -(-(run_time_s(cluster.job(sc.job)) + lead_s) // 60)
+    cluster.run(["scontrol", "update", f"JobId={sc.job}", f"TimeLimit={limit_min}"])
 
 
 def timeline(cluster: SlurmCluster, sc: Scenario, signalled: float, released: float) -> dict[str, float]:
@@ -312,11 +339,10 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
         # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s): 120 s
         # for a quick save; 200 s for a 65 s save (lead > save + the check's jitter + exit).
-        s = sc(
-            f"time_limit{suffix}", "--time", "5" if slow else "4", "--signal-lead", "200" if slow else "120"
-        )
+        lead = 200 if slow else 120
+        s = sc(f"time_limit{suffix}", "--time", str(TIME_LIMIT_MIN), "--signal-lead", str(lead))
         s.pause(point)
-        out.append((s, drive_stop([], slow, point_timeout=400)))
+        out.append((s, drive_stop([], slow, time_limit_lead_s=lead)))
         s = sc(f"requeue{suffix}")
         s.pause(point)
         out.append((s, drive_stop(["scontrol", "requeue"], slow)))
@@ -480,16 +506,13 @@ def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, nam
         # KillWait (30 s) ends a save that takes over a minute: Slurm requeues anyway, the job resumes
         # from the previous complete checkpoint and still completes.
         assert result["resumed_from"] == 2, result
-    elif name.startswith("time_limit"):
-        # Slurm picks the moment of its warning (a loaded machine may still be starting the ranks, and a
-        # requeued run gets a warning of its own): the job resumes from the save of its last stop, said
-        # by the attempt that stopped (anywhere in the log: a resume from step 1 prints ~6 KB after it)
-        assert f"stopping at step {result['resumed_from']} " in log, (result, out)
     elif name == "usr1_first_step":
         assert result["resumed_from"] == 1 and "stopping at step 1 " in log, (result, out)
     else:
-        # the save at the stop completed: the requeued attempt resumes from it
-        assert result["resumed_from"] == (4 if name.endswith("_slow") else 3), (result, out)
+        # the save at the stop completed: the requeued attempt resumes from it (said by the attempt that
+        # stopped: anywhere in the log, which every attempt appends to)
+        step = 4 if name.endswith("_slow") else 3
+        assert result["resumed_from"] == step and f"stopping at step {step} " in log, (result, out)
 
 
 def test_plain_scancel_is_a_cancel_not_a_requeue(outcomes, slurm):

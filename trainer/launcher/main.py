@@ -41,7 +41,7 @@ from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE,
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
-from trainer.launcher import early, supervise
+from trainer.launcher import early, nodes, supervise
 from trainer.launcher.cli import parse_args
 from trainer.launcher.compile_cache import localise_compile_caches
 from trainer.launcher.console import say
@@ -56,7 +56,7 @@ from trainer.launcher.summaries import (
     write_final_summary,
     write_running_summary,
 )
-from trainer.launcher.verdict import Verdict, verdict
+from trainer.launcher.verdict import Verdict
 
 KEEP_ATTEMPTS = 10
 
@@ -268,25 +268,12 @@ def _run(
 
     torchrun = supervise.Torchrun(command, launch.env, attempt)
     rc = torchrun.wait()
-    result = verdict(
-        launch.world_size,
-        args.nproc,
-        attempt,
-        launch.run_dir,
-        rc,
-        list(torchrun.stderr_tail),
-        torchrun.record_lines,
-    )
-    if torchrun.killed_note and result.status == proto.FAILED:
-        # the ranks did not fail: torchrun itself was killed, and the launcher stopped them
-        result.reason, result.failed_rank, result.rank_error = torchrun.killed_note, None, None
-    if torchrun.signals and result.status == proto.COMPLETED:
-        result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
+    result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = proto.EXIT_CODES[result.status]
     assert exit_code is not None
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
         exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
-    _report(launch, result, args, environ, torchrun.signals)
+    _report(launch, result, args, environ, signals)
     return exit_code
 
 
