@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.slurm import SlurmCluster, SlurmUnavailable
+from tests.support.slurm import PAIR_PARTITION, SlurmCluster, SlurmUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -54,7 +54,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     try:
-        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=32, requeue_delay_s=5)
+        root = tmp_path_factory.mktemp("slurm")
+        cluster = SlurmCluster.start(root, cpus=32, requeue_delay_s=5, pair_nodes=2)
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
@@ -68,6 +69,7 @@ class Scenario:
     data_dir: Path
     extra_cli: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    nproc: int = NPROC
     job: str = ""
     seen_states: set[str] = field(default_factory=set)
     notes: dict = field(default_factory=dict)
@@ -102,7 +104,7 @@ def job_env(scenario: Scenario, no_envs: Path) -> dict[str, str]:
 
 
 def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
-    argv = [str(REPO / "bin" / "train"), "furniture_train", str(NPROC), "--cpu-scale"]
+    argv = [str(REPO / "bin" / "train"), "furniture_train", str(scenario.nproc), "--cpu-scale"]
     argv += ["--run-dir", str(scenario.run_dir), "--cpus-per-task", "2"]
     for item in [*TINY, f"data.path={scenario.data_dir}"]:
         argv += ["--set", item]
@@ -354,6 +356,14 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
     s = sc("scancel")
     s.pause("step:3")
     out.append((s, drive_stop(["scancel"])))
+    # Two nodes (two slurmd on this host, partition PAIR_PARTITION) x 1 rank: the same world size as
+    # the others, so the same losses. Their node names are not in DNS: MASTER_ADDR is 127.0.0.1.
+    for name, pause in (("two_nodes", None), ("two_nodes_usr1", "step:3")):
+        s = sc(name, "--nnodes", "2", "--partition", PAIR_PARTITION)
+        s.nproc, s.env["MASTER_ADDR"] = 1, "127.0.0.1"
+        if pause:
+            s.pause(pause)
+        out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"]) if pause else drive_complete))
     s = sc("preflight_usr1")
     s.pause("preflight:0")
     out.append((s, drive_preflight_stop(["scancel", "--batch", "--signal=USR1"])))
@@ -513,6 +523,29 @@ def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, nam
         # stopped: anywhere in the log, which every attempt appends to)
         step = 4 if name.endswith("_slow") else 3
         assert result["resumed_from"] == step and f"stopping at step {step} " in log, (result, out)
+
+
+def test_two_nodes_complete_and_a_usr1_on_both_is_saved_requeued_and_resumed(outcomes, reference):
+    """`--nnodes 2` on two slurmd: COMPLETED; and `scancel --batch --signal=USR1` (srun passes it to the
+    task on every node): both launchers stop, node 0 waits for node 1's report, requeues, and the
+    requeued job resumes from step 3 with the uninterrupted run's losses."""
+    sc, record = outcome(outcomes, "two_nodes")
+    out = slurm_output(sc)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, out)
+    assert record["NumNodes"] == "2" and int(record["Restarts"]) == 0, record
+    result = summary(sc)
+    assert result["status"] == "completed" and result["nnodes"] == 2 and result["world_size"] == 2, result
+    assert losses_by_step(sc.run_dir) == reference  # 2 nodes x 1 rank == 1 node x 2 ranks, bitwise
+
+    sc, record = outcome(outcomes, "two_nodes_usr1")
+    result = assert_requeued_and_completed(sc, record, reference)
+    log = slurm_log(sc)
+    assert result["resumed_from"] == 3 and "stopping at step 3 " in log, (result, tail(log))
+    assert log.count("[bin/train] received SIGUSR1") >= 2, tail(log)  # one line per node's launcher
+    stopped = sorted(sc.run_dir.glob("attempts/*/node1.outcome.json"))[0]
+    node1 = json.loads(stopped.read_text())
+    assert node1["status"] == "preempted" and node1["exit_code"] == 75, node1
+    assert node1["signals"][:1] == ["SIGUSR1"], node1
 
 
 def test_plain_scancel_is_a_cancel_not_a_requeue(outcomes, slurm):
