@@ -40,7 +40,7 @@ TINY = [
     "checkpoint.every=2", "checkpoint.keep=3",
 ]  # fmt: skip
 NPROC = 2
-SLOW_SAVE_S = 65
+SLOW_SAVE_S = 80  # longer than KILL_WAIT_S + 20 s: under TERM, Slurm's SIGKILL comes first
 TIME_LIMIT_MIN = 30  # the time-limit scenarios' --time; the driver shortens it once rank 0 is parked
 JOB_TIMEOUT = 900
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
@@ -340,7 +340,7 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         s.pause(point)
         out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
         # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s): 120 s
-        # for a quick save; 200 s for a 65 s save (lead > save + the check's jitter + exit).
+        # for a quick save; 200 s for an 80 s save (lead > save + the check's jitter + exit).
         lead = 200 if slow else 120
         s = sc(f"time_limit{suffix}", "--time", str(TIME_LIMIT_MIN), "--signal-lead", str(lead))
         s.pause(point)
@@ -513,7 +513,7 @@ def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, nam
     log = slurm_log(sc)
     out = tail(log)
     if name == "requeue_slow":
-        # KillWait (30 s) ends a save that takes over a minute: Slurm requeues anyway, the job resumes
+        # KillWait (60 s here) ends a save that takes longer: Slurm requeues anyway, the job resumes
         # from the previous complete checkpoint and still completes.
         assert result["resumed_from"] == 2, result
     elif name == "usr1_first_step":

@@ -17,9 +17,12 @@ Contract:
   exits): the fixture turns it into a skip with that reason.
 
 The slurm.conf is the one a small real cluster uses (select/cons_tres, proctrack/linuxproc, task/none:
-cgroups are not usable in this sandbox), with three test choices stated where they are made:
+cgroups are not usable in this sandbox), with these test choices:
 - the node advertises `cpus` CPUs (more than the host has, SlurmdParameters=config_overrides) so several
   small jobs run at once;
+- KillWait=60 (Slurm's default is 30): after a TERM, bin/train's save, the ranks' and torchrun's exit
+  and the launcher's verdict took more than 30 s at load average 45 on this 2-core host, and slurmstepd
+  SIGKILLed the launcher before its report;
 - AuthInfo cred_expire=<requeue_delay_s>: Slurm holds a requeued job for the credential lifetime
   (Reason=BeginTime, 120 s by default); the tests shorten it rather than wait;
 - a `gpu` GRES whose File= entries are placeholder files (there are no GPUs; slurmd 22.05 reports a
@@ -134,7 +137,7 @@ def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int
             "TaskPlugin=task/none",
             "JobRequeue=1",
             "MinJobAge=3600",
-            "KillWait=30",
+            "KillWait=60",  # 30 s by default; a test choice, see the module docstring
             "ReturnToService=2",
             "SchedulerType=sched/backfill",
             "MpiDefault=none",
