@@ -62,6 +62,7 @@ class FakeTorchrun:
         # what summary.json says while the ranks would be starting
         FakeTorchrun.summary_at_start = json.loads((attempt.dir.parent.parent / "summary.json").read_text())
         self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
+        self.stopped_before_ranks = None
 
     def wait(self):
         return 0

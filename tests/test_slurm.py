@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.slurm import SlurmCluster, SlurmUnavailable
+from tests.support.slurm import PAIR_PARTITION, SlurmCluster, SlurmUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -40,7 +40,8 @@ TINY = [
     "checkpoint.every=2", "checkpoint.keep=3",
 ]  # fmt: skip
 NPROC = 2
-SLOW_SAVE_S = 65
+SLOW_SAVE_S = 80  # longer than KILL_WAIT_S + 20 s: under TERM, Slurm's SIGKILL comes first
+TIME_LIMIT_MIN = 30  # the time-limit scenarios' --time; the driver shortens it once rank 0 is parked
 JOB_TIMEOUT = 900
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
@@ -53,7 +54,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     try:
-        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=32, requeue_delay_s=5)
+        root = tmp_path_factory.mktemp("slurm")
+        cluster = SlurmCluster.start(root, cpus=32, requeue_delay_s=5, pair_nodes=2)
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
@@ -67,6 +69,7 @@ class Scenario:
     data_dir: Path
     extra_cli: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    nproc: int = NPROC
     job: str = ""
     seen_states: set[str] = field(default_factory=set)
     notes: dict = field(default_factory=dict)
@@ -101,7 +104,7 @@ def job_env(scenario: Scenario, no_envs: Path) -> dict[str, str]:
 
 
 def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
-    argv = [str(REPO / "bin" / "train"), "furniture_train", str(NPROC), "--cpu-scale"]
+    argv = [str(REPO / "bin" / "train"), "furniture_train", str(scenario.nproc), "--cpu-scale"]
     argv += ["--run-dir", str(scenario.run_dir), "--cpus-per-task", "2"]
     for item in [*TINY, f"data.path={scenario.data_dir}"]:
         argv += ["--set", item]
@@ -160,8 +163,19 @@ def release(sc: Scenario) -> None:
     (sc.pause_dir / "release").touch()
 
 
+def slurm_log(sc: Scenario) -> str:
+    """The job's whole log (every attempt appends to slurm-<job>.out): what the assertions search."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted(sc.run_dir.glob("slurm-*.out")))
+
+
+def tail(text: str, chars: int = 6000) -> str:
+    """The end of a log, for a failure message (never for an assertion: a requeued job's log is long,
+    and a line of an earlier attempt is far from its end)."""
+    return text[-chars:]
+
+
 def slurm_output(sc: Scenario) -> str:
-    return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(sc.run_dir.glob("slurm-*.out")))
+    return tail(slurm_log(sc))
 
 
 def summary(sc: Scenario) -> dict:
@@ -217,16 +231,24 @@ def drive_kill9_torchrun(cluster: SlurmCluster, sc: Scenario) -> dict:
     return record
 
 
-def drive_stop(how: list[str], slow: bool = False, point_timeout: float = JOB_TIMEOUT):
-    """Pause rank 0 (at a step, or inside a save), stop the job with `how`, wait for the launcher's stop
-    file, release (after SLOW_SAVE_S for a slow save), then wait for the final state."""
+def drive_stop(how: list[str], slow: bool = False, time_limit_lead_s: int | None = None):
+    """Pause rank 0 (at a step, or inside a save), stop the job with `how` (or with Slurm's time-limit
+    warning: see shorten_time_limit), wait for the launcher's stop file, release (after SLOW_SAVE_S for a
+    slow save), then wait for the final state."""
 
     def drive(cluster: SlurmCluster, sc: Scenario) -> dict:
         poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause")
         signalled = time.monotonic()
-        if how:
+        if time_limit_lead_s is not None:
+            shorten_time_limit(cluster, sc, time_limit_lead_s)
+        elif how:
             cluster.run([*how, sc.job])
-        poll(cluster, sc, lambda: bool(stop_files(sc)), point_timeout, "bin/train's stop file")
+        poll(cluster, sc, lambda: bool(stop_files(sc)), 300, "bin/train's stop file")
+        if time_limit_lead_s is not None:
+            # the warning came (Slurm chose the moment): the requeued attempt runs under the submitted limit
+            sc.notes["shortened_to_warning_s"] = time.monotonic() - signalled
+            signalled = time.monotonic()
+            cluster.run(["scontrol", "update", f"JobId={sc.job}", f"TimeLimit={TIME_LIMIT_MIN}"])
         sc.notes["signal_to_stop_file_s"] = time.monotonic() - signalled
         if slow:
             while time.monotonic() - signalled < SLOW_SAVE_S:
@@ -238,6 +260,24 @@ def drive_stop(how: list[str], slow: bool = False, point_timeout: float = JOB_TI
         return wait_final(cluster, sc, restarts_at_least=restarts)
 
     return drive
+
+
+def run_time_s(record: dict[str, str]) -> int:
+    """Slurm's RunTime=[D-]HH:MM:SS in seconds."""
+    days, _, clock = record["RunTime"].rpartition("-")
+    h, m, sec = (int(x) for x in clock.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + sec
+
+
+def shorten_time_limit(cluster: SlurmCluster, sc: Scenario, lead_s: int) -> None:
+    """Make Slurm's own time-limit warning come now that rank 0 is parked: set the running job's limit
+    (whole minutes) to the first that leaves at most lead_s + 60 s. slurmctld sends the script's
+    --signal=B:USR1@lead when the time left drops to lead_s, at its next time-limit check (about every
+    30 s): within ~90 s, with at least lead_s - 30 s left before the limit itself. A short --time
+    instead makes the warning land wherever a loaded host happens to be; at load average 20 every
+    attempt was still in its preflight when it came, and none ever reached a step."""
+    limit_min = -(-(run_time_s(cluster.job(sc.job)) + lead_s) // 60)
+    cluster.run(["scontrol", "update", f"JobId={sc.job}", f"TimeLimit={limit_min}"])
 
 
 def timeline(cluster: SlurmCluster, sc: Scenario, signalled: float, released: float) -> dict[str, float]:
@@ -269,7 +309,7 @@ def drive_preflight_stop(how: list[str]):
         poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "bin/train to pause in preflight")
         cluster.run([*how, sc.job])
         # the stop must reach bin/train while it waits in preflight: its stop note is the proof
-        poll(cluster, sc, lambda: "before any rank started" in slurm_output(sc), 120, "the stop in preflight")
+        poll(cluster, sc, lambda: "before any rank started" in slurm_log(sc), 120, "the stop in preflight")
         release(sc)
         restarts = 1 if "--batch" in how else 0
         return wait_final(cluster, sc, restarts_at_least=restarts)
@@ -300,18 +340,30 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         s.pause(point)
         out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
         # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s): 120 s
-        # for a quick save; 200 s for a 65 s save (lead > save + the check's jitter + exit).
-        s = sc(
-            f"time_limit{suffix}", "--time", "5" if slow else "4", "--signal-lead", "200" if slow else "120"
-        )
+        # for a quick save; 200 s for an 80 s save (lead > save + the check's jitter + exit).
+        lead = 200 if slow else 120
+        s = sc(f"time_limit{suffix}", "--time", str(TIME_LIMIT_MIN), "--signal-lead", str(lead))
         s.pause(point)
-        out.append((s, drive_stop([], slow, point_timeout=400)))
+        out.append((s, drive_stop([], slow, time_limit_lead_s=lead)))
         s = sc(f"requeue{suffix}")
         s.pause(point)
         out.append((s, drive_stop(["scontrol", "requeue"], slow)))
+    # the path of the time-limit warning that lands while the ranks start: a stop at an attempt's first
+    # step (saved at step 1; the resumed attempt then prints more than 6 KB after the stop line)
+    s = sc("usr1_first_step")
+    s.pause("step:1")
+    out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"])))
     s = sc("scancel")
     s.pause("step:3")
     out.append((s, drive_stop(["scancel"])))
+    # Two nodes (two slurmd on this host, partition PAIR_PARTITION) x 1 rank: the same world size as
+    # the others, so the same losses. Their node names are not in DNS: MASTER_ADDR is 127.0.0.1.
+    for name, pause in (("two_nodes", None), ("two_nodes_usr1", "step:3")):
+        s = sc(name, "--nnodes", "2", "--partition", PAIR_PARTITION)
+        s.nproc, s.env["MASTER_ADDR"] = 1, "127.0.0.1"
+        if pause:
+            s.pause(pause)
+        out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"]) if pause else drive_complete))
     s = sc("preflight_usr1")
     s.pause("preflight:0")
     out.append((s, drive_preflight_stop(["scancel", "--batch", "--signal=USR1"])))
@@ -358,7 +410,8 @@ def outcome(outcomes, name: str) -> tuple[Scenario, dict[str, str]]:
 
 
 def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], reference: dict) -> dict:
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, out)
     assert int(record["Restarts"]) >= 1, (record, out)
     assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
@@ -368,7 +421,7 @@ def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], referenc
     losses = losses_by_step(sc.run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1)), losses
     assert losses == reference, (losses, reference)  # after the resume: exactly the uninterrupted run's
-    assert "SignalException" not in out, out
+    assert "SignalException" not in log, out
     return result
 
 
@@ -413,8 +466,8 @@ def test_run_to_completion(outcomes, reference):
     result = summary(sc)
     assert result["status"] == "completed" and result["exit_code"] == 0, result
     assert sorted(reference) == list(range(1, STEPS + 1))
-    out = slurm_output(sc)
-    assert "no provisioned env found; running in the tool environment" in out, out
+    log = slurm_log(sc)
+    assert "no provisioned env found; running in the tool environment" in log, tail(log)
 
 
 def test_a_rank_runtime_error_fails_the_job_naming_the_rank(outcomes):
@@ -446,13 +499,8 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
     "name",
     [
         "usr1",
-        pytest.param(
-            "time_limit",
-            marks=pytest.mark.skip(
-                reason="open (issue 10): in the final clean-clone run the job COMPLETED but resumed from "
-                "step 1 with no matching stop line (a 4-min limit on a loaded host); not diagnosed yet"
-            ),
-        ),
+        "usr1_first_step",
+        "time_limit",
         "requeue",
         "usr1_slow",
         "time_limit_slow",
@@ -462,44 +510,70 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
 def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, name):
     sc, record = outcome(outcomes, name)
     result = assert_requeued_and_completed(sc, record, reference)
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     if name == "requeue_slow":
-        # KillWait (30 s) ends a save that takes over a minute: Slurm requeues anyway, the job resumes
+        # KillWait (60 s here) ends a save that takes longer: Slurm requeues anyway, the job resumes
         # from the previous complete checkpoint and still completes.
         assert result["resumed_from"] == 2, result
-    elif name.startswith("time_limit"):
-        # Slurm picks the moment of its warning (a loaded machine may still be starting the ranks, and a
-        # requeued run gets a warning of its own): the job resumes from the save of its last stop
-        assert f"stopping at step {result['resumed_from']} " in out, (result, out)
+    elif name == "usr1_first_step":
+        assert result["resumed_from"] == 1 and "stopping at step 1 " in log, (result, out)
     else:
-        # the save at the stop completed: the requeued attempt resumes from it
-        assert result["resumed_from"] == (4 if name.endswith("_slow") else 3), (result, out)
+        # the save at the stop completed: the requeued attempt resumes from it (said by the attempt that
+        # stopped: anywhere in the log, which every attempt appends to)
+        step = 4 if name.endswith("_slow") else 3
+        assert result["resumed_from"] == step and f"stopping at step {step} " in log, (result, out)
+
+
+def test_two_nodes_complete_and_a_usr1_on_both_is_saved_requeued_and_resumed(outcomes, reference):
+    """`--nnodes 2` on two slurmd: COMPLETED; and `scancel --batch --signal=USR1` (srun passes it to the
+    task on every node): both launchers stop, node 0 waits for node 1's report, requeues, and the
+    requeued job resumes from step 3 with the uninterrupted run's losses."""
+    sc, record = outcome(outcomes, "two_nodes")
+    out = slurm_output(sc)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, out)
+    assert record["NumNodes"] == "2" and int(record["Restarts"]) == 0, record
+    result = summary(sc)
+    assert result["status"] == "completed" and result["nnodes"] == 2 and result["world_size"] == 2, result
+    assert losses_by_step(sc.run_dir) == reference  # 2 nodes x 1 rank == 1 node x 2 ranks, bitwise
+
+    sc, record = outcome(outcomes, "two_nodes_usr1")
+    result = assert_requeued_and_completed(sc, record, reference)
+    log = slurm_log(sc)
+    assert result["resumed_from"] == 3 and "stopping at step 3 " in log, (result, tail(log))
+    assert log.count("[bin/train] received SIGUSR1") >= 2, tail(log)  # one line per node's launcher
+    stopped = sorted(sc.run_dir.glob("attempts/*/node1.outcome.json"))[0]
+    node1 = json.loads(stopped.read_text())
+    assert node1["status"] == "preempted" and node1["exit_code"] == 75, node1
+    assert node1["signals"][:1] == ["SIGUSR1"], node1
 
 
 def test_plain_scancel_is_a_cancel_not_a_requeue(outcomes, slurm):
     sc, record = outcome(outcomes, "scancel")
-    out = slurm_output(sc)
+    out = slurm_log(sc)
     assert record["JobState"] == "CANCELLED" and int(record["Restarts"]) == 0, (record, out)
     # bin/train saved and exited after the cancel; nothing it did afterwards may requeue the job
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and "[bin/train] preempted" not in out:
         time.sleep(0.5)  # polling the job's log with a deadline
-        out = slurm_output(sc)
-    assert "[bin/train] preempted" in out, out
+        out = slurm_log(sc)
+    assert "[bin/train] preempted" in out, tail(out)
     again = slurm.job(sc.job)
-    assert again["JobState"] == "CANCELLED" and int(again["Restarts"]) == 0, (again, out)
+    assert again["JobState"] == "CANCELLED" and int(again["Restarts"]) == 0, (again, tail(out))
     result = summary(sc)
     assert result["status"] == "preempted" and result["last_complete_checkpoint"]["step"] == 3, result
-    assert "requeue" not in out.split("[bin/train] preempted", 1)[1].lower() or "not requeued" in out, out
+    after = out.split("[bin/train] preempted", 1)[1]
+    assert "requeue" not in after.lower() or "not requeued" in after, tail(out)
 
 
 @pytest.mark.parametrize("name,state", [("preflight_usr1", "COMPLETED"), ("preflight_scancel", "CANCELLED")])
 def test_a_stop_during_preflight_is_never_a_failure(outcomes, name, state):
     sc, record = outcome(outcomes, name)
-    out = slurm_output(sc)
+    log = slurm_log(sc)
+    out = tail(log)
     assert record["JobState"] == state, (record, out)
     assert "FAILED" not in sc.seen_states, (sc.seen_states, out)
-    assert "envcheck could not run" not in out, out
+    assert "envcheck could not run" not in log, out
     if state == "COMPLETED":
         assert int(record["Restarts"]) >= 1 and record["ExitCode"] == "0:0", record
         assert summary(sc)["status"] == "completed"

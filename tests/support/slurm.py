@@ -17,13 +17,21 @@ Contract:
   exits): the fixture turns it into a skip with that reason.
 
 The slurm.conf is the one a small real cluster uses (select/cons_tres, proctrack/linuxproc, task/none:
-cgroups are not usable in this sandbox), with three test choices stated where they are made:
+cgroups are not usable in this sandbox), with these test choices:
 - the node advertises `cpus` CPUs (more than the host has, SlurmdParameters=config_overrides) so several
   small jobs run at once;
+- KillWait=60 (Slurm's default is 30): after a TERM, bin/train's save, the ranks' and torchrun's exit
+  and the launcher's verdict took more than 30 s at load average 45 on this 2-core host, and slurmstepd
+  SIGKILLed the launcher before its report;
 - AuthInfo cred_expire=<requeue_delay_s>: Slurm holds a requeued job for the credential lifetime
   (Reason=BeginTime, 120 s by default); the tests shorten it rather than wait;
 - a `gpu` GRES whose File= entries are placeholder files (there are no GPUs; slurmd 22.05 reports a
-  File-less gpu GRES as count 0 and drains the node), so a script that asks for GPUs is schedulable.
+  File-less gpu GRES as count 0 and drains the node), so a script that asks for GPUs is schedulable;
+- `pair_nodes=N` adds N more nodes on this same host, each its own slurmd (`slurmd -N <name>`, its own
+  Port=, spool, pid and log file through %n), in partition PAIR_PARTITION: a job there gets
+  `--nodes N` of them. Debian's 22.05 build runs several slurmd on one host this way (NodeHostname is
+  this host for all of them). Their names (<host>-p1, ...) are not in DNS, so a job there needs its
+  MASTER_ADDR set (127.0.0.1); the main node keeps the host's own name.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGES = ("slurm-wlm", "munge")
+PAIR_PARTITION = "pair"
 BINARIES = ("munged", "mungekey", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 SBIN_DIRS = ("/usr/sbin", "/sbin")
 
@@ -87,9 +96,21 @@ def _node_memory_mib() -> int:
     return 4096
 
 
-def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int) -> str:
+def pair_node_names(node: str, count: int) -> list[str]:
+    return [f"{node}-p{i}" for i in range(1, count + 1)]
+
+
+def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int, pair_nodes: int = 0) -> str:
     memory = max(1024, int(_node_memory_mib() * 0.8))
     ctld_port, slurmd_port = _free_port(), _free_port()
+    pairs = [
+        f"NodeName={name} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=4 "
+        f"RealMemory={memory} State=UNKNOWN"
+        for name in pair_node_names(node, pair_nodes)
+    ]
+    if pairs:
+        pairs.append(f"PartitionName={PAIR_PARTITION} Nodes={','.join(pair_node_names(node, pair_nodes))} "
+                     "MaxTime=INFINITE State=UP")  # fmt: skip
     return "\n".join(
         [
             "# Written by tests/support/slurm.py: a private single-host cluster for the Slurm tests.",
@@ -103,11 +124,11 @@ def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={root}/state",
-            f"SlurmdSpoolDir={root}/spool",
+            f"SlurmdSpoolDir={root}/spool/%n",
             f"SlurmctldPidFile={root}/slurmctld.pid",
-            f"SlurmdPidFile={root}/slurmd.pid",
+            f"SlurmdPidFile={root}/slurmd-%n.pid",
             f"SlurmctldLogFile={root}/slurmctld.log",
-            f"SlurmdLogFile={root}/slurmd.log",
+            f"SlurmdLogFile={root}/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "SelectType=select/cons_tres",
@@ -116,7 +137,7 @@ def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int
             "TaskPlugin=task/none",
             "JobRequeue=1",
             "MinJobAge=3600",
-            "KillWait=30",
+            "KillWait=60",  # 30 s by default; a test choice, see the module docstring
             "ReturnToService=2",
             "SchedulerType=sched/backfill",
             "MpiDefault=none",
@@ -128,6 +149,7 @@ def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int
             f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} Gres=gpu:{gpus}"
             " State=UNKNOWN",
             f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
+            *pairs,
             "",
         ]
     )
@@ -154,7 +176,9 @@ class SlurmCluster:
     # --- starting and stopping ------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, *, cpus: int = 8, requeue_delay_s: int = 5, gpus: int = 2) -> SlurmCluster:
+    def start(
+        cls, root: Path, *, cpus: int = 8, requeue_delay_s: int = 5, gpus: int = 2, pair_nodes: int = 0
+    ) -> SlurmCluster:
         if os.geteuid() != 0:
             raise SlurmUnavailable("the Slurm daemons run as root here (SlurmUser=root) and we are not root")
         ensure_installed()
@@ -162,8 +186,10 @@ class SlurmCluster:
         for sub in ("munge", "state", "spool", "jobs", "gres"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         node = socket.gethostname().split(".")[0]
+        for name in (node, *pair_node_names(node, pair_nodes)):
+            (root / "spool" / name).mkdir(parents=True, exist_ok=True)
         conf = root / "slurm.conf"
-        conf.write_text(slurm_conf(root, node, cpus, requeue_delay_s, gpus))
+        conf.write_text(slurm_conf(root, node, cpus, requeue_delay_s, gpus, pair_nodes))
         # slurmd 22.05 counts a gpu GRES by its File= entries (Count= alone reports 0 and drains the
         # node): placeholder files stand in for device nodes; with task/none nothing opens them.
         for i in range(gpus):
@@ -177,7 +203,9 @@ class SlurmCluster:
             cluster._start_munge()
             cluster._spawn("slurmctld", [_need("slurmctld"), "-D", "-i", "-f", str(conf)])
             cluster._spawn("slurmd", [_need("slurmd"), "-D", "-f", str(conf), "-N", node])
-            cluster._wait_node_idle(timeout=90)
+            for name in pair_node_names(node, pair_nodes):
+                cluster._spawn(f"slurmd:{name}", [_need("slurmd"), "-D", "-f", str(conf), "-N", name])
+            cluster._wait_node_idle(timeout=90, count=1 + pair_nodes)
         except BaseException:
             cluster.stop()
             raise
@@ -234,16 +262,18 @@ class SlurmCluster:
             time.sleep(0.2)  # polling an observable state with a deadline
         raise SlurmUnavailable(f"timed out after {timeout:.0f} s waiting for {what}: {self._tails()}")
 
-    def _wait_node_idle(self, timeout: float) -> None:
+    def _wait_node_idle(self, timeout: float, count: int = 1) -> None:
         def idle() -> bool:
-            out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
-            return out.returncode == 0 and out.stdout.strip() == "idle"
+            out = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+            states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+            return out.returncode == 0 and len(states) == count and set(states.values()) == {"idle"}
 
-        self._until(idle, timeout, f"node {self.node} to be idle in sinfo")
+        self._until(idle, timeout, f"{count} node(s) ({self.node}...) to be idle in sinfo")
 
     def _tail(self, name: str) -> str:
         texts = []
-        for path in (self.root / f"{name}.stdout", self.root / f"{name}.log"):
+        log = f"slurmd-{name.partition(':')[2] or self.node}" if name.startswith("slurmd") else name
+        for path in (self.root / f"{name}.stdout", self.root / f"{log}.log"):
             if path.exists():
                 texts.append(path.read_text(errors="replace")[-1500:])
         return " | ".join(texts)
@@ -261,7 +291,8 @@ class SlurmCluster:
                 if left.returncode != 0 or not left.stdout.strip():
                     break
                 time.sleep(0.5)  # polling squeue with a deadline
-        for name in ("slurmd", "slurmctld", "munged"):
+        slurmds = [n for n in self.procs if n.startswith("slurmd")]
+        for name in (*slurmds, "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue

@@ -42,7 +42,7 @@ from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE,
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
-from trainer.launcher import early, supervise
+from trainer.launcher import early, nodes, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
@@ -57,7 +57,7 @@ from trainer.launcher.summaries import (
     write_final_summary,
     write_running_summary,
 )
-from trainer.launcher.verdict import Verdict, verdict
+from trainer.launcher.verdict import Verdict
 
 KEEP_ATTEMPTS = 10
 
@@ -299,20 +299,7 @@ def _run(
 
     torchrun = supervise.Torchrun(command, launch.env, attempt)
     rc = torchrun.wait()
-    result = verdict(
-        launch.world_size,
-        args.nproc,
-        attempt,
-        launch.run_dir,
-        rc,
-        list(torchrun.stderr_tail),
-        torchrun.record_lines,
-    )
-    if torchrun.killed_note and result.status == proto.FAILED:
-        # the ranks did not fail: torchrun itself was killed, and the launcher stopped them
-        result.reason, result.failed_rank, result.rank_error = torchrun.killed_note, None, None
-    if torchrun.signals and result.status == proto.COMPLETED:
-        result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
+    result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = proto.EXIT_CODES[result.status]
     assert exit_code is not None
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
@@ -323,7 +310,7 @@ def _run(
                         "attempt": attempt.id, "failed_rank": result.failed_rank}  # fmt: skip
     for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
         say(note)
-    _report(launch, result, args, environ, torchrun.signals)
+    _report(launch, result, args, environ, signals)
     return exit_code
 
 

@@ -13,6 +13,10 @@ a SIGUSR1 to every rank. torchrun is never the one that acts on a stop, even whe
 - The launcher is a child subreaper: if torchrun dies (kill -9), its ranks become the launcher's
   children, and the launcher SIGKILLs and reaps them before the verdict. No rank trains on as an orphan,
   and none can write a summary that contradicts the launcher's.
+- A stop before any rank exists (torchrun still starting, or waiting in its static rendezvous for a node
+  that has not joined: it ignores the stop signals and would wait for its join timeout) is acted on at
+  once: the launcher SIGKILLs torchrun (nothing is trained, nothing to save) and `stopped_before_ranks`
+  names the signal; the verdict is then preempted, exit 75, the same rule for requeue.
 
 Under Slurm (requeue_wanted is the rule; the README's exit-code section says it):
 - SIGUSR1 (the time-limit warning `--signal=B:USR1@N`, or `scancel --batch --signal=USR1`) means
@@ -87,6 +91,7 @@ class Torchrun:
         self.record_lines: dict[int, dict[str, Any]] = {}  # rank records a rank could only print (disk full)
         self.proc: subprocess.Popen[str] | None = None
         self.killed_note: str | None = None  # set when torchrun itself was killed (see wait)
+        self.stopped_before_ranks: str | None = None  # the signal that ended torchrun before any rank ran
         for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
             signal.signal(sig, self.request_stop)
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0  # orphaned ranks come back to us
@@ -103,6 +108,8 @@ class Torchrun:
             self._pump.start()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+        if self.signals:  # a stop came before torchrun existed: no rank can have started yet
+            self._stop_if_no_rank_started()
 
     def _copy_stderr(self) -> None:
         # The ranks' stderr comes through torchrun: pass it on, keep the end to name a killed rank.
@@ -121,6 +128,8 @@ class Torchrun:
         first = not self.signals
         self.signals.append(name)
         self.attempt.request_stop()
+        if self.stopped_before_ranks or self._stop_if_no_rank_started():
+            return  # said once, in the verdict: no rank started, nothing was trained
         for pid in self.rank_pids():
             try:
                 os.kill(pid, signal.SIGUSR1)
@@ -133,6 +142,20 @@ class Torchrun:
             )
         else:
             say(f"received {name} again: the stop is already under way")
+
+    def _stop_if_no_rank_started(self) -> bool:
+        """No rank process and no rank record yet (torchrun starting, or waiting in its rendezvous):
+        SIGKILL torchrun now rather than when its join timeout ends. True when it did so."""
+        if self.proc is None or self.proc.poll() is not None or not self.signals:
+            return False
+        if self.rank_pids() or any(self.attempt.dir.glob("rank_*.json")):
+            return False  # a rank exists (on some node: the rendezvous is over): it saves and stops
+        self.stopped_before_ranks = self.signals[0]
+        try:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
 
     def rank_pids(self) -> list[int]:
         if self.proc is None:  # not started yet: the stop file alone tells the ranks
@@ -157,7 +180,7 @@ class Torchrun:
         for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
             signal.signal(sig, _too_late)
         self._pump.join(timeout=10)
-        if rc < 0:
+        if rc < 0 and not self.stopped_before_ranks:
             how = _signal_name(-rc)
             self.killed_note = (
                 f"torchrun (pid {self.proc.pid}) was killed by {how} while its ranks ran"

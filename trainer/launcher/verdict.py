@@ -3,6 +3,10 @@
 A rank that aborts in teardown after recording completion does not fail the run; a zero exit status with
 a rank that never recorded completion does not pass it. A failure names the rank that caused it: a real
 error beats a rank that vanished, which beats a communication error (what survivors see when a peer dies).
+
+Node 0 also needs rank 0's summary of this attempt (the outcome is on disk). Another node judges by the
+rank records alone: every rank records its end before the last barrier, so they are final once its own
+ranks exit, while rank 0 may still be writing the summary (node 0 judges that; trainer/launcher/nodes.py).
 """
 
 from __future__ import annotations
@@ -86,13 +90,17 @@ def verdict(
     rc: int,
     stderr_tail: list[str],
     record_lines: dict[int, dict[str, Any]] | None = None,
+    node_rank: int = 0,
 ) -> Verdict:
     """`record_lines`: rank records that ranks printed on stderr because the file could not be written."""
     records = {r: attempt.read_rank(r, record_lines) for r in range(world_size)}
     states = {r: rec.status if rec else proto.NEVER_STARTED for r, rec in records.items()}
-    rank_summary = proto.read_summary(run_dir)
-    if rank_summary is not None and rank_summary.attempt != attempt.id:
-        rank_summary = None
+    if node_rank == 0:
+        rank_summary = proto.read_summary(run_dir)
+        if rank_summary is not None and rank_summary.attempt != attempt.id:
+            rank_summary = None
+    else:
+        rank_summary = _from_records(records, states)
     finished = rank_summary.status if rank_summary else None
     teardown = (
         [f"torchrun exited {rc} after every rank recorded its result (a teardown hiccup, e.g. SIGABRT "
@@ -107,6 +115,18 @@ def verdict(
     ):
         return Verdict(proto.PREEMPTED, reason=rank_summary.reason, notes=teardown)
     return _failure(records, states, torchrun_error_files(attempt.dir, nproc), rc, stderr_tail)
+
+
+def _from_records(
+    records: dict[int, proto.RankStatus | None], states: dict[int, str]
+) -> proto.Summary | None:
+    """What a node other than 0 takes for rank 0's summary: the end every rank recorded, if all did."""
+    if not all(s in (proto.COMPLETED, proto.PREEMPTED) for s in states.values()):
+        return None
+    if all(s == proto.COMPLETED for s in states.values()):
+        return proto.Summary(proto.COMPLETED, steps_requested=0)
+    step = max((rec.step or 0) for rec in records.values() if rec is not None)
+    return proto.Summary(proto.PREEMPTED, steps_requested=0, reason=f"every rank stopped at step {step}")
 
 
 def _failure(
