@@ -85,6 +85,7 @@ def test_a_first_attempt_creates_the_persistent_cache(tmp_path):
     env = {"HOME": str(tmp_path)}
     localise_compile_caches(env, tmp_path / "scratch", "j", "tool-env", "cpu")
     make(Path(env["TRITON_CACHE_DIR"]), {"abc/kernel.so": "k", "abc/__grp__kernel.json": "{}"})
+    make(Path(env["TRITON_CACHE_DIR"]), {"tmp.pid_123_456/half.so": "x"})  # a killed writer's staging dir
     write_back_compile_caches(env)
     assert tree(tmp_path / ".triton" / "cache_tool-env_cpu") == {
         "abc/kernel.so": "k",

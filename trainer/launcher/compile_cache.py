@@ -80,8 +80,14 @@ def inductor_header_dir(tmpdir: Path) -> Path:
 
 
 def _transient(name: str) -> bool:
-    """Lock files and temporary files of a writer (Inductor's `.<pid>.<tid>.tmp`, ours)."""
-    return name.endswith((".lock", ".tmp")) or name == "locks" or ".lingbot-tmp-" in name
+    """Lock files and temporary files of a writer (Inductor's `.<pid>.<tid>.tmp`, Triton's
+    `tmp.pid_<pid>_<n>/` staging directory, which a killed writer leaves behind, ours)."""
+    return (
+        name.endswith((".lock", ".tmp"))
+        or name == "locks"
+        or name.startswith("tmp.pid_")
+        or ".lingbot-tmp-" in name
+    )
 
 
 def _ignore(_directory: str, names: list[str]) -> set[str]:
