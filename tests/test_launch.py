@@ -21,8 +21,7 @@ import provision.check
 import provision.nodeinfo
 from provision.check import FAIL, PASS, Check, Report
 from provision.paths import repo_root
-from trainer import attempt as proto
-from trainer.attempt import Attempt
+from trainer.attempt import COMPLETED, PREEMPTED, Attempt, Summary, write_summary
 from trainer.config import load_config
 from trainer.launcher import main as launch
 from trainer.launcher import supervise
@@ -163,8 +162,8 @@ def test_missing_or_incomplete_env_fails_preflight(tmp_path, capsys, fake_torchr
 def test_failed_preflight_keeps_the_last_real_run_in_the_summary(tmp_path, capsys, fake_torchrun):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    preempted = proto.Summary(proto.PREEMPTED, steps_requested=40, last_step=12, final_losses={"loss": 1.5})
-    proto.write_summary(run_dir, preempted)
+    preempted = Summary(PREEMPTED, steps_requested=40, last_step=12, final_losses={"loss": 1.5})
+    write_summary(run_dir, preempted)
     argv = ["furniture_train", "2", "--run-dir", str(run_dir), *TINY, "--env", "nope"]
     for _ in range(2):  # a second failure does not bury the preempted run under the first failure
         assert launch.main(argv) == 3
@@ -453,7 +452,7 @@ def test_torchrun_error_files_name_the_global_rank(tmp_path, monkeypatch):
 def test_summary_says_running_before_any_rank_starts(tmp_path, passing_checks, fake_torchrun):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proto.write_summary(run_dir, proto.Summary(proto.COMPLETED, steps_requested=2, attempt="earlier"))
+    write_summary(run_dir, Summary(COMPLETED, steps_requested=2, attempt="earlier"))
     assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 1  # fake ranks vanish
     ((_, _, attempt_dir),) = fake_torchrun.calls
     start = fake_torchrun.summary_at_start

@@ -6,7 +6,8 @@
 - provision/ never imports trainer/ (it runs before any trainer exists: on a bare login node, inside the
   worker simulation);
 - no import cycles between the project's modules (imports under `if TYPE_CHECKING:` excluded: they never
-  run).
+  run);
+- test-only hooks (`LINGBOT_TEST_*`) are read in trainer/testhooks.py only.
 """
 
 from __future__ import annotations
@@ -119,3 +120,29 @@ def test_provision_never_imports_trainer_and_nothing_imports_in_a_cycle():
         if state[m] == 0:
             visit(m, [m])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_test_hooks_live_in_one_module():
+    """Only trainer/testhooks.py reads LINGBOT_TEST_* variables (code strings, not docstrings/comments)."""
+    readers = []
+    for name, path in modules().items():
+        if name == "trainer.testhooks":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and "LINGBOT_TEST_" in node.value
+                and id(node) not in docstrings
+            ):
+                readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not readers, f"LINGBOT_TEST_* read outside trainer/testhooks.py: {readers}"

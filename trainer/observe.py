@@ -15,8 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import attempt as proto
-from trainer.attempt import Attempt, CheckpointRef, Progress, Summary
+from trainer.attempt import PREEMPTED, Attempt, CheckpointRef, Progress, Summary
 from trainer.checkpoint import CheckpointInfo
 from trainer.diskspace import OutOfSpace, guard
 from trainer.metrics import Metrics, memory_gib
@@ -79,9 +78,7 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
     return Summary(
         state.status,
         steps_requested=rig.cfg.train.steps,
-        reason=f"preempted at step {state.step}: {stop.reason()}"
-        if state.status == proto.PREEMPTED
-        else None,
+        reason=f"preempted at step {state.step}: {stop.reason()}" if state.status == PREEMPTED else None,
         first_step=rig.start_step + 1 if ran else None,
         last_step=state.step if ran else None,
         resumed_from=rig.resumed.step if rig.resumed else None,

@@ -2,7 +2,7 @@
 the collective safe point for failed writes (agree_on_failure) and their quiet record.
 
 StopRequest: SIGTERM/SIGUSR1 (or the attempt's stop request) only set a flag, acted on at a safe point.
-pause_point: test hook (LINGBOT_TEST_PAUSE_AT=<point>:<step>) that parks a rank until released.
+pause_point: the test hook (trainer/testhooks.py) that parks a rank until released.
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 import traceback
-from pathlib import Path
 from types import FrameType
 
 import torch
 import torch.distributed as dist
 
-from provision.atomic import write_json_atomic
-from trainer import attempt as proto
-from trainer.attempt import Attempt, RankStatus
+from trainer import testhooks
+from trainer.attempt import FAILED, Attempt, RankStatus
 from trainer.checkpoint import PeerStopped
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace
@@ -50,16 +47,8 @@ class StopRequest:
 
 
 def pause_point(point: str, step: int, rank: int) -> None:
-    """Test hook: LINGBOT_TEST_PAUSE_AT=<point>:<step> makes rank LINGBOT_TEST_PAUSE_RANK (default 0)
-    announce itself in $LINGBOT_TEST_PAUSE_DIR/reached and wait there until .../release exists."""
-    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:{step}":
-        return
-    if rank != int(os.environ.get("LINGBOT_TEST_PAUSE_RANK", "0")):
-        return
-    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
-    write_json_atomic(pause_dir / "reached", {"pid": os.getpid(), "rank": rank, "point": point, "step": step})
-    while not (pause_dir / "release").exists():
-        time.sleep(0.02)
+    """Test hook (trainer/testhooks.py): park this rank at `point` of `step` when a test asks."""
+    testhooks.pause(point, step, rank)
 
 
 def init_distributed() -> tuple[int, int, int, torch.device]:
@@ -96,7 +85,7 @@ def record_quiet_failure(
     detail = traceback.format_exc()
     error = space.line(cfg.checkpoint.keep) if space is not None else f"stopped: {exc}"
     record = RankStatus(
-        rank, proto.FAILED, error=error, traceback=detail, out_of_space=space.to_json() if space else None
+        rank, FAILED, error=error, traceback=detail, out_of_space=space.to_json() if space else None
     )
     attempt.write_rank(record)  # falls back to a record line on stderr when even this cannot be written
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainer import attempt as proto
+from trainer.attempt import COMPLETED
 from trainer.checkpoint import Checkpointer, CheckpointInfo
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace
@@ -53,7 +53,7 @@ class StepOutput:
 class LoopState:
     """What the loop carries from step to step, and what the summary reports."""
 
-    status: str = proto.COMPLETED
+    status: str = COMPLETED
     step: int = 0
     losses: dict[str, float] | None = None
     last_ckpt: CheckpointInfo | None = None

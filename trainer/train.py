@@ -34,8 +34,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from trainer import attempt as proto
-from trainer.attempt import Attempt, RankStatus
+from trainer import testhooks
+from trainer.attempt import (
+    COMPLETED,
+    FAILED,
+    PREEMPTED,
+    RUNNING,
+    Attempt,
+    RankStatus,
+    summary_path,
+    write_summary,
+)
 from trainer.checkpoint import Checkpointer, CheckpointError, PeerStopped, resume_conflicts, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
@@ -221,7 +230,7 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
         if stopping and step < rig.cfg.train.steps:
-            state.status = proto.PREEMPTED
+            state.status = PREEMPTED
             assert state.last_ckpt is not None
             obs.metrics.info(
                 f"stopping at step {step} ({stop.reason()}): checkpoint {state.last_ckpt.path} saved; "
@@ -280,10 +289,10 @@ def train(
     if rank == 0:
         pause_point("summary", state.step, rank)
         summary = final_summary(rig, state, stop, attempt_id, started)
-        with guard(proto.summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
-            proto.write_summary(run_dir, summary)
-        if state.status == proto.COMPLETED:
-            metrics.info(f"completed {cfg.train.steps} steps; summary {proto.summary_path(run_dir)}")
+        with guard(summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
+            write_summary(run_dir, summary)
+        if state.status == COMPLETED:
+            metrics.info(f"completed {cfg.train.steps} steps; summary {summary_path(run_dir)}")
     metrics.close()
     return state
 
@@ -301,21 +310,20 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest(attempt)
 
     rank, _, _, device = init_distributed()
-    attempt.write_rank(RankStatus(rank, proto.RUNNING))
+    attempt.write_rank(RankStatus(rank, RUNNING))
     try:
         train(cfg, run_dir, device, attempt, stop, started)
     except BaseException as exc:
         space = find_out_of_space(exc, "run", run_dir)
         if space is None and not isinstance(exc, PeerStopped):
             error = f"{type(exc).__name__}: {exc}"
-            attempt.write_rank(RankStatus(rank, proto.FAILED, error=error, traceback=traceback.format_exc()))
+            attempt.write_rank(RankStatus(rank, FAILED, error=error, traceback=traceback.format_exc()))
             raise
         # A full disk (here or on a peer): every rank stopped at the same safe point. Said in one line by
         # the launcher from this record; the detail goes to the attempt's log, not the terminal.
         record_quiet_failure(attempt, rank, cfg, space, exc)
     dist.destroy_process_group()
-    if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
-        os.abort()  # test hook: reproduce the teardown SIGABRT deterministically
+    testhooks.abort_after_destroy(rank)  # test hook: the teardown SIGABRT, deterministically
     return 0
 
 

@@ -37,8 +37,23 @@ from typing import Any
 
 from provision.jsonout import JsonRequest, outcome
 from provision.paths import repo_root
-from trainer import attempt as proto
-from trainer.attempt import EXIT_OK, EXIT_PREEMPTED, EXIT_PREFLIGHT, EXIT_USAGE, Attempt, Summary
+from trainer.attempt import (
+    COMPLETED,
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    EXIT_USAGE,
+    PREEMPTED,
+    PREFLIGHT_FAILED,
+    Attempt,
+    Summary,
+    prune_attempts,
+    read_summary,
+    summary_path,
+    write_summary,
+)
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
@@ -98,7 +113,7 @@ def _summary_of(known: Known) -> dict[str, Any]:
     """summary.json as this invocation left it (every path that reaches here wrote it)."""
     if known.run_dir is None:
         return {}
-    summary = proto.read_summary(known.run_dir)
+    summary = read_summary(known.run_dir)
     return summary.to_json(stamp=False) if summary is not None else {}
 
 
@@ -121,7 +136,7 @@ def _launch(argv: list[str], known: Known) -> int:
         if environ.get("SLURM_JOB_ID") and int(environ.get("SLURM_NODEID") or 0) == 0:
             say(supervise.slurm_after_stop([str(exc)], environ, args.no_requeue))
         summary = Summary(
-            proto.PREEMPTED,
+            PREEMPTED,
             steps_requested=known.cfg.train.steps if known.cfg is not None else 0,
             reason=f"received {exc} before any rank started",
             wall_time_s=time.perf_counter() - started,
@@ -129,7 +144,7 @@ def _launch(argv: list[str], known: Known) -> int:
         )
         known.report = summary.to_json()
         if known.cfg is not None and known.run_dir is not None and known.run_dir.is_dir():
-            proto.write_summary(known.run_dir, summary)
+            write_summary(known.run_dir, summary)
         return EXIT_PREEMPTED
     finally:
         for sig, handler in previous.items():
@@ -173,7 +188,7 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         settle_finished_run(run_dir, cfg, complete[-1], started)
         say(
             f"run complete: {complete[-1].path} is step {complete[-1].step} of {cfg.train.steps}; "
-            f"nothing to train (summary: {proto.summary_path(run_dir)}; "
+            f"nothing to train (summary: {summary_path(run_dir)}; "
             "raise train.steps with --set to train further)"
         )
         return EXIT_OK
@@ -182,7 +197,7 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         check_run_dir(run_dir)
     except PreflightError as exc:
         say(f"preflight failed: {exc}")
-        known.report = {"status": proto.PREFLIGHT_FAILED, "error": str(exc)}
+        known.report = {"status": PREFLIGHT_FAILED, "error": str(exc)}
         return EXIT_PREFLIGHT
     try:
         launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
@@ -290,7 +305,7 @@ def _run(
     started: float,
     known: Known,
 ) -> int:
-    proto.prune_attempts(launch.run_dir, keep=KEEP_ATTEMPTS)
+    prune_attempts(launch.run_dir, keep=KEEP_ATTEMPTS)
     launch.env["LINGBOT_ATTEMPT_DIR"] = str(attempt.dir)
     command = torchrun_command(launch, args.nproc, attempt)
     rdzv = launch.rdzv
@@ -300,10 +315,10 @@ def _run(
     torchrun = supervise.Torchrun(command, launch.env, attempt)
     rc = torchrun.wait()
     result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
-    exit_code = proto.EXIT_CODES[result.status]
+    exit_code = EXIT_CODES[result.status]
     assert exit_code is not None
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
-        exit_code = proto.EXIT_FAILED  # the outcome is not on disk: never report success
+        exit_code = EXIT_FAILED  # the outcome is not on disk: never report success
         known.report = {"status": result.status, "reason": result.reason, "summary_written": False}
     elif rdzv.node_rank != 0:  # node 0 writes summary.json; this node reports its own verdict
         known.report = {"status": result.status, "reason": result.reason, "node_rank": rdzv.node_rank,
@@ -319,10 +334,10 @@ def _report(
 ) -> None:
     for note in result.notes:
         say(note)
-    summary = proto.summary_path(launch.run_dir)
-    if result.status == proto.COMPLETED:
+    summary = summary_path(launch.run_dir)
+    if result.status == COMPLETED:
         say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
-    elif result.status == proto.PREEMPTED:
+    elif result.status == PREEMPTED:
         say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
         if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
             say(supervise.slurm_after_stop(signals, environ, args.no_requeue))

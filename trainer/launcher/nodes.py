@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.atomic import write_json_atomic
-from trainer import attempt as proto
-from trainer.attempt import Attempt
+from trainer.attempt import COMPLETED, EXIT_CODES, FAILED, PREEMPTED, Attempt
 from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch
 from trainer.launcher.verdict import Verdict, read_json, verdict
@@ -78,7 +77,7 @@ def judge(launch: Launch, nproc: int, attempt: Attempt, torchrun: Any, rc: int) 
         from trainer.launcher.supervise import test_pause
 
         test_pause("verdict")  # test hook: hold this node's report (node 0 must wait for it)
-        exit_code = proto.EXIT_CODES[result.status] or 0
+        exit_code = EXIT_CODES[result.status] or 0
         write_outcome(
             attempt,
             NodeOutcome(node, result.status, exit_code, result.reason, signals, torchrun.killed_note),
@@ -86,7 +85,7 @@ def judge(launch: Launch, nproc: int, attempt: Attempt, torchrun: Any, rc: int) 
         return result, signals
     if torchrun.stopped_before_ranks:
         return result, signals  # no rank ran anywhere: another node may never have come
-    wait_s = NODE_WAIT_FAILED_S if result.status == proto.FAILED else NODE_WAIT_S
+    wait_s = NODE_WAIT_FAILED_S if result.status == FAILED else NODE_WAIT_S
     others = wait_for_nodes(attempt, nnodes, wait_s)
     return _combine(result, others, nnodes), signals + [s for o in others.values() for s in o.signals]
 
@@ -99,7 +98,7 @@ def _own_verdict(launch: Launch, nproc: int, attempt: Attempt, torchrun: Any, rc
             else "was starting"
         )
         return Verdict(
-            proto.PREEMPTED,
+            PREEMPTED,
             reason=f"received {torchrun.stopped_before_ranks} while torchrun {waiting}: no rank started, "
             "nothing was trained",
         )
@@ -113,10 +112,10 @@ def _own_verdict(launch: Launch, nproc: int, attempt: Attempt, torchrun: Any, rc
         torchrun.record_lines,
         node_rank=launch.rdzv.node_rank,
     )
-    if torchrun.killed_note and result.status == proto.FAILED:
+    if torchrun.killed_note and result.status == FAILED:
         # the ranks did not fail: torchrun itself was killed, and the launcher stopped them
         result.reason, result.failed_rank, result.rank_error = torchrun.killed_note, None, None
-    if torchrun.signals and result.status == proto.COMPLETED:
+    if torchrun.signals and result.status == COMPLETED:
         result.notes.append(f"{', '.join(torchrun.signals)} arrived after the last step: the run is complete")
     return result
 
@@ -150,12 +149,12 @@ def _combine(result: Verdict, others: dict[int, NodeOutcome], nnodes: int) -> Ve
             f"the launcher of node(s) {', '.join(map(str, missing))} did not report within the wait; "
             "the verdict rests on the rank records"
         )
-    failed = [o for _, o in sorted(others.items()) if o.status == proto.FAILED]
-    if failed and result.status != proto.FAILED:
+    failed = [o for _, o in sorted(others.items()) if o.status == FAILED]
+    if failed and result.status != FAILED:
         first = failed[0]
-        return Verdict(proto.FAILED, reason=f"node {first.node}: {first.reason}", notes=result.notes)
+        return Verdict(FAILED, reason=f"node {first.node}: {first.reason}", notes=result.notes)
     killed = [o for _, o in sorted(others.items()) if o.killed_note]
-    if killed and result.status == proto.FAILED:
+    if killed and result.status == FAILED:
         # the ranks did not fail: another node's torchrun was killed, and its launcher stopped them
         result.reason = f"node {killed[0].node}: {killed[0].killed_note}"
         result.failed_rank, result.rank_error = None, None

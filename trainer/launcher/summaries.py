@@ -8,8 +8,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import attempt as proto
-from trainer.attempt import EXIT_PREFLIGHT, Attempt, Summary
+from trainer.attempt import (
+    COMPLETED,
+    EXIT_PREFLIGHT,
+    PREFLIGHT_FAILED,
+    RUNNING,
+    Attempt,
+    CheckpointRef,
+    Summary,
+    read_summary,
+    summary_path,
+    write_summary,
+)
 from trainer.checkpoint import scan
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace, guard
@@ -19,23 +29,23 @@ from trainer.launcher.verdict import Verdict
 
 
 def _ckpt_json(info: object) -> dict[str, object] | None:
-    ref = proto.CheckpointRef.of(info)
+    ref = CheckpointRef.of(info)
     return dataclasses.asdict(ref) if ref else None
 
 
 def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float) -> int:
     """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
     say(f"preflight failed: {message}")
-    before = proto.read_summary(run_dir)
+    before = read_summary(run_dir)
     previous = before.to_json(stamp=False) if before else None
-    if before and before.status == proto.PREFLIGHT_FAILED:
+    if before and before.status == PREFLIGHT_FAILED:
         previous = before.previous  # keep the last run that trained, not a chain of failures
     complete, _ = scan(run_dir / "checkpoints")
     try:
-        proto.write_summary(
+        write_summary(
             run_dir,
             Summary(
-                proto.PREFLIGHT_FAILED,
+                PREFLIGHT_FAILED,
                 steps_requested=cfg.train.steps,
                 reason=message,
                 last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
@@ -53,15 +63,15 @@ def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float
 def settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
     """The last checkpoint is the requested step, but summary.json does not say completed (an attempt
     died after that save, e.g. out of space while writing the summary): make it say so."""
-    before = proto.read_summary(run_dir)
-    if before is not None and before.status == proto.COMPLETED:
+    before = read_summary(run_dir)
+    if before is not None and before.status == COMPLETED:
         return
     try:
         losses = latest.train_state().get("losses")
-        proto.write_summary(
+        write_summary(
             run_dir,
             Summary(
-                proto.COMPLETED,
+                COMPLETED,
                 steps_requested=cfg.train.steps,
                 reason=f"checkpoint step {latest.step} is complete; summary.json said "
                 f"{before.status if before else 'nothing'} (an attempt ended after that save)",
@@ -74,18 +84,18 @@ def settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: flo
             ),
         )
     except (OSError, ValueError) as exc:
-        say(f"could not update {proto.summary_path(run_dir)}: {exc}")
+        say(f"could not update {summary_path(run_dir)}: {exc}")
 
 
 def write_running_summary(launch: Launch, attempt: Attempt) -> None:
-    before = proto.read_summary(launch.run_dir)
+    before = read_summary(launch.run_dir)
     previous = before.to_json(stamp=False) if before else None
-    if before and before.status in (proto.PREFLIGHT_FAILED, proto.RUNNING) and before.previous:
+    if before and before.status in (PREFLIGHT_FAILED, RUNNING) and before.previous:
         previous = before.previous  # the last attempt that got further than this
-    proto.write_summary(
+    write_summary(
         launch.run_dir,
         Summary(
-            proto.RUNNING,
+            RUNNING,
             steps_requested=launch.cfg.train.steps,
             reason=f"attempt {attempt.id} is in progress (or died without a verdict)",
             attempt=attempt.id,
@@ -105,8 +115,8 @@ def write_final_summary(
     """summary.json as the launcher sees the outcome: rank 0's summary (if this attempt wrote one) plus
     the verdict, the exit code, torchrun's exit status and the launcher's wall time. False (said on
     stderr) when it cannot be written: summary.json then still says `running`, never a success."""
-    base = proto.read_summary(launch.run_dir)
-    if base is None or base.attempt != attempt.id or base.status == proto.RUNNING:  # rank 0 wrote none
+    base = read_summary(launch.run_dir)
+    if base is None or base.attempt != attempt.id or base.status == RUNNING:  # rank 0 wrote none
         progress = attempt.read_progress()
         complete, _ = scan(launch.run_dir / "checkpoints")
         base = Summary(
@@ -138,13 +148,13 @@ def write_final_summary(
         config=launch.cfg.name,
     )
     try:
-        with guard(proto.summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
-            proto.write_summary(launch.run_dir, summary)
+        with guard(summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
+            write_summary(launch.run_dir, summary)
     except OSError as exc:
         why = f"{exc.report.mount_point} is full" if isinstance(exc, OutOfSpace) else str(exc)
         say(
             f"could not write the summary ({result.status}, exit {exit_code}): {why}; "
-            f"{proto.summary_path(launch.run_dir)} still says running (this attempt), never a success"
+            f"{summary_path(launch.run_dir)} still says running (this attempt), never a success"
         )
         return False
     return True

@@ -34,14 +34,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
 
+from trainer import testhooks
 from trainer.attempt import Attempt, parse_record_line
 from trainer.launcher.console import say
 
@@ -235,16 +234,8 @@ def slurm_after_stop(signals: list[str], environ: dict[str, str], no_requeue: bo
 
 
 def test_pause(point: str) -> None:
-    """Test hook: LINGBOT_TEST_PAUSE_AT=<point>:0 parks the launcher here (PAUSE_DIR/reached, waiting for
-    PAUSE_DIR/release), as trainer/rank.py's pause_point parks a rank. Signals still arrive."""
-    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:0":
-        return
-    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
-    from provision.atomic import write_json_atomic
-
-    write_json_atomic(pause_dir / "reached", {"pid": os.getpid(), "point": point, "step": 0})
-    while not (pause_dir / "release").exists():
-        time.sleep(0.02)
+    """Test hook (trainer/testhooks.py): park the launcher at `point` when a test asks."""
+    testhooks.pause(point, 0)
 
 
 def requeue(environ: dict[str, str]) -> str:

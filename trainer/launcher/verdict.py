@@ -18,8 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer import attempt as proto
-from trainer.attempt import Attempt
+from trainer.attempt import (
+    COMPLETED,
+    FAILED,
+    NEVER_STARTED,
+    PREEMPTED,
+    RUNNING,
+    Attempt,
+    RankStatus,
+    Summary,
+    read_summary,
+)
 
 _COMM_ERROR = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|Socket Timeout|timed out|DistNetworkError|"
@@ -94,9 +103,9 @@ def verdict(
 ) -> Verdict:
     """`record_lines`: rank records that ranks printed on stderr because the file could not be written."""
     records = {r: attempt.read_rank(r, record_lines) for r in range(world_size)}
-    states = {r: rec.status if rec else proto.NEVER_STARTED for r, rec in records.items()}
+    states = {r: rec.status if rec else NEVER_STARTED for r, rec in records.items()}
     if node_rank == 0:
-        rank_summary = proto.read_summary(run_dir)
+        rank_summary = read_summary(run_dir)
         if rank_summary is not None and rank_summary.attempt != attempt.id:
             rank_summary = None
     else:
@@ -106,31 +115,29 @@ def verdict(
         [f"torchrun exited {rc} after every rank recorded its result (a teardown hiccup, e.g. SIGABRT "
          f"after destroy_process_group): ignored"] if rc != 0 else []
     )  # fmt: skip
-    if finished == proto.COMPLETED and all(s == proto.COMPLETED for s in states.values()):
-        return Verdict(proto.COMPLETED, notes=teardown)
+    if finished == COMPLETED and all(s == COMPLETED for s in states.values()):
+        return Verdict(COMPLETED, notes=teardown)
     if (
         rank_summary is not None
-        and finished == proto.PREEMPTED
-        and all(s in (proto.COMPLETED, proto.PREEMPTED) for s in states.values())
+        and finished == PREEMPTED
+        and all(s in (COMPLETED, PREEMPTED) for s in states.values())
     ):
-        return Verdict(proto.PREEMPTED, reason=rank_summary.reason, notes=teardown)
+        return Verdict(PREEMPTED, reason=rank_summary.reason, notes=teardown)
     return _failure(records, states, torchrun_error_files(attempt.dir, nproc), rc, stderr_tail)
 
 
-def _from_records(
-    records: dict[int, proto.RankStatus | None], states: dict[int, str]
-) -> proto.Summary | None:
+def _from_records(records: dict[int, RankStatus | None], states: dict[int, str]) -> Summary | None:
     """What a node other than 0 takes for rank 0's summary: the end every rank recorded, if all did."""
-    if not all(s in (proto.COMPLETED, proto.PREEMPTED) for s in states.values()):
+    if not all(s in (COMPLETED, PREEMPTED) for s in states.values()):
         return None
-    if all(s == proto.COMPLETED for s in states.values()):
-        return proto.Summary(proto.COMPLETED, steps_requested=0)
+    if all(s == COMPLETED for s in states.values()):
+        return Summary(COMPLETED, steps_requested=0)
     step = max((rec.step or 0) for rec in records.values() if rec is not None)
-    return proto.Summary(proto.PREEMPTED, steps_requested=0, reason=f"every rank stopped at step {step}")
+    return Summary(PREEMPTED, steps_requested=0, reason=f"every rank stopped at step {step}")
 
 
 def _failure(
-    records: dict[int, proto.RankStatus | None],
+    records: dict[int, RankStatus | None],
     states: dict[int, str],
     errors: dict[int, dict[str, Any]],
     rc: int,
@@ -139,18 +146,18 @@ def _failure(
     """Failed: name the rank that caused it; a rank out of space or quota comes first (said in one line)."""
     for r, rec in sorted(records.items()):
         if rec and rec.out_of_space:
-            return Verdict(proto.FAILED, reason=rec.error, failed_rank=r, out_of_space=rec.out_of_space)
+            return Verdict(FAILED, reason=rec.error, failed_rank=r, out_of_space=rec.out_of_space)
     for r, rec in records.items():
-        if rec and rec.status == proto.FAILED:
+        if rec and rec.status == FAILED:
             errors[r] = {"error": rec.error or "", "time": rec.time}
     real = sorted((e["time"] or 0, r) for r, e in errors.items() if not _COMM_ERROR.search(e["error"]))
-    vanished = [r for r, s in states.items() if s in (proto.RUNNING, proto.NEVER_STARTED) and r not in errors]
+    vanished = [r for r, s in states.items() if s in (RUNNING, NEVER_STARTED) and r not in errors]
     comm = sorted((e["time"] or 0, r) for r, e in errors.items() if _COMM_ERROR.search(e["error"]))
     if real:
         rank = real[0][1]
         error = errors[rank]["error"]
-    elif vanished and any(states[r] == proto.RUNNING for r in vanished):
-        rank = next(r for r in vanished if states[r] == proto.RUNNING)
+    elif vanished and any(states[r] == RUNNING for r in vanished):
+        rank = next(r for r in vanished if states[r] == RUNNING)
         record = records[rank]
         pid, host = (record.pid, record.host) if record else (None, None)
         how = _killed_by(stderr_tail, pid) or "killed by a signal or crashed in native code"
@@ -158,18 +165,14 @@ def _failure(
     elif comm:
         rank = comm[0][1]
         error = errors[rank]["error"]
-    elif all(s == proto.NEVER_STARTED for s in states.values()):
-        return Verdict(
-            proto.FAILED, reason=f"torchrun exited {rc} before any rank started (its output is above)"
-        )
+    elif all(s == NEVER_STARTED for s in states.values()):
+        return Verdict(FAILED, reason=f"torchrun exited {rc} before any rank started (its output is above)")
     else:
-        unfinished = ", ".join(f"rank {r}: {s}" for r, s in states.items() if s != proto.COMPLETED)
-        return Verdict(
-            proto.FAILED, reason=f"torchrun exited {rc} but not every rank finished ({unfinished})"
-        )
+        unfinished = ", ".join(f"rank {r}: {s}" for r, s in states.items() if s != COMPLETED)
+        return Verdict(FAILED, reason=f"torchrun exited {rc} but not every rank finished ({unfinished})")
     others = [f"rank {r}: {s}" for r, s in states.items() if r != rank]
     return Verdict(
-        proto.FAILED,
+        FAILED,
         reason=f"rank {rank} failed: {error.splitlines()[0] if error else '?'}",
         failed_rank=rank,
         rank_error=error,

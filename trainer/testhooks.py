@@ -1,0 +1,47 @@
+"""Test-only hooks: the one place where the suite reaches into a run. Every hook is off unless its
+`LINGBOT_TEST_*` variable is set; nothing here changes a run that does not set them.
+
+Variables (each: what it does):
+- `LINGBOT_TEST_PAUSE_AT=<point>:<step>`: the rank `LINGBOT_TEST_PAUSE_RANK` (default 0) reaching
+  `pause(point, step, rank)`, or the launcher reaching `pause(point, 0)`, writes
+  `$LINGBOT_TEST_PAUSE_DIR/reached` (pid, rank, point, step) and waits there until
+  `$LINGBOT_TEST_PAUSE_DIR/release` exists; signals still arrive.
+- `LINGBOT_TEST_PAUSE_RANK=<rank>`: which rank `LINGBOT_TEST_PAUSE_AT` parks (default 0).
+- `LINGBOT_TEST_PAUSE_DIR=<dir>`: where a pause announces itself and waits for its release.
+- `LINGBOT_TEST_ABORT_AFTER_DESTROY=<rank>`: that rank calls `os.abort()` right after
+  `destroy_process_group` (the teardown SIGABRT, deterministically).
+
+A new hook adds its variable to this table and its function below; product code calls the function and
+never reads a `LINGBOT_TEST_*` variable itself (tests/test_structure.py checks it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from provision.atomic import write_json_atomic
+
+PREFIX = "LINGBOT_TEST_"
+
+
+def pause(point: str, step: int, rank: int | None = None) -> None:
+    """Park here when `LINGBOT_TEST_PAUSE_AT=<point>:<step>` names this point (and, for a rank, this rank)."""
+    if os.environ.get("LINGBOT_TEST_PAUSE_AT") != f"{point}:{step}":
+        return
+    if rank is not None and rank != int(os.environ.get("LINGBOT_TEST_PAUSE_RANK", "0")):
+        return
+    pause_dir = Path(os.environ["LINGBOT_TEST_PAUSE_DIR"])
+    record: dict[str, object] = {"pid": os.getpid(), "point": point, "step": step}
+    if rank is not None:
+        record["rank"] = rank
+    write_json_atomic(pause_dir / "reached", record)
+    while not (pause_dir / "release").exists():
+        time.sleep(0.02)  # polling a file the test writes: the release is the synchronisation
+
+
+def abort_after_destroy(rank: int) -> None:
+    """`LINGBOT_TEST_ABORT_AFTER_DESTROY=<rank>`: that rank aborts right after its process group is gone."""
+    if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
+        os.abort()
