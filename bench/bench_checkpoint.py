@@ -29,6 +29,7 @@ def _worker(out_dir: Path, repeats: int) -> None:
     import torch.distributed.checkpoint as dcp
 
     from trainer.checkpoint import Checkpointer, TrainState
+    from trainer.config import CheckpointConfig
 
     rank, world, device = init_distributed()
     cfg = bench_config()
@@ -40,7 +41,7 @@ def _worker(out_dir: Path, repeats: int) -> None:
     step_s = time.perf_counter() - t0
 
     root = out_dir / "run" / "checkpoints"
-    checkpointer = Checkpointer(root, keep=2, rank=rank, world_size=world, attempt="bench")
+    checkpointer = Checkpointer(root, CheckpointConfig(keep=2), last_step=0, attempt="bench", device=device)
     state = TrainState(rig.model, rig.optimizer, rig.scheduler)
 
     def timed(fn) -> float:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 
 from trainer.checkpoint import MARKER, SAFETENSORS, Checkpointer, latest_complete, resume_conflicts, scan
-from trainer.config import load_config
+from trainer.config import CheckpointConfig, load_config
 
 
 def fake_complete(root, step: int, train_state: dict | None = None):
@@ -106,7 +106,7 @@ def snapshot(model, optimizer):
 def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group, tmp_path):
     model, optimizer, scheduler = make_state()
     train_steps(model, optimizer, scheduler, 2)
-    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a1")
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3), last_step=0, attempt="a1")
     info = ckpt.save(2, model, optimizer, scheduler, train_state={"config": {}, "losses": {}})
     params, moments = snapshot(model, optimizer)
     next_draw = torch.randn(3)
@@ -126,7 +126,7 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
 def test_keep_last_k_and_stale_partials_are_removed(process_group, tmp_path):
     model, optimizer, scheduler = make_state()
     (tmp_path / "checkpoint_step_99.tmp-dead").mkdir()
-    ckpt = Checkpointer(tmp_path, keep=2, rank=0, world_size=1, attempt="a2")
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=2), last_step=0, attempt="a2")
     for step in (1, 2, 3, 4):
         ckpt.save(step, model, optimizer, scheduler, train_state={})
     assert [c.step for c in scan(tmp_path)[0]] == [3, 4]
@@ -135,7 +135,7 @@ def test_keep_last_k_and_stale_partials_are_removed(process_group, tmp_path):
 
 def test_a_save_interrupted_before_commit_leaves_the_previous_checkpoint_latest(process_group, tmp_path):
     model, optimizer, scheduler = make_state()
-    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a3")
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3), last_step=0, attempt="a3")
     ckpt.save(5, model, optimizer, scheduler, train_state={})
 
     def die():
@@ -152,7 +152,7 @@ def test_safetensors_export_is_part_of_the_complete_checkpoint(process_group, tm
     from safetensors.torch import load_file
 
     model, optimizer, scheduler = make_state()
-    ckpt = Checkpointer(tmp_path, keep=1, rank=0, world_size=1, attempt="a4", export_safetensors=True)
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=1, export_safetensors=True), last_step=0, attempt="a4")
     info = ckpt.save(1, model, optimizer, scheduler, train_state={})
     weights = load_file(str(info.path / SAFETENSORS))
     assert set(weights) == set(model.state_dict())
@@ -179,7 +179,7 @@ def test_resume_conflicts_name_what_changed():
 
 def test_asynchronous_save_is_committed_by_the_next_save_or_finish(process_group, tmp_path):
     model, optimizer, scheduler = make_state()
-    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="a5")
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3), last_step=0, attempt="a5")
     assert ckpt.save(1, model, optimizer, scheduler, train_state={}, asynchronous=True) is None
     params, _ = snapshot(model, optimizer)
     train_steps(model, optimizer, scheduler, 1)  # training goes on while step 1 is written
@@ -199,7 +199,7 @@ def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
     from trainer.checkpoint_layout import file_sha256
 
     model, optimizer, scheduler = make_state()
-    info = Checkpointer(tmp_path, keep=2, rank=0, world_size=1, attempt="c1").save(
+    info = Checkpointer(tmp_path, CheckpointConfig(keep=2), last_step=0, attempt="c1").save(
         1, model, optimizer, scheduler, train_state={}
     )
     marker = json.loads((info.path / MARKER).read_text())
@@ -212,7 +212,7 @@ def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_res
     from trainer.checkpoint_layout import quarantine_damaged
 
     model, optimizer, scheduler = make_state()
-    ckpt = Checkpointer(tmp_path, keep=3, rank=0, world_size=1, attempt="d1")
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3), last_step=0, attempt="d1")
     for step in (2, 4, 6):
         ckpt.save(step, model, optimizer, scheduler, train_state={})
     shard = next((tmp_path / "checkpoint_step_6").glob("*.distcp"))
@@ -242,7 +242,7 @@ def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_gro
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0)
     model(next(iter([_batch(cfg)])))["loss"].backward()
     optimizer.step()  # AdamW's moments exist from the first step on
-    info = Checkpointer(tmp_path, keep=1, rank=0, world_size=1, attempt="e1").save(
+    info = Checkpointer(tmp_path, CheckpointConfig(keep=1), last_step=0, attempt="e1").save(
         1, model, optimizer, scheduler, train_state={"config": cfg.to_dict(), "losses": {}}
     )
     real = sum(p.stat().st_size for p in info.path.iterdir())

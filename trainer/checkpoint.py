@@ -57,6 +57,7 @@ from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout i
     latest_complete,
     scan,
 )
+from trainer.config import CheckpointConfig, ModelConfig, RunConfig
 from trainer.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
 
 
@@ -117,41 +118,46 @@ def _remove(path: Path) -> None:
 
 
 class Checkpointer:
-    """Collective save/load of one run's checkpoints; every rank calls save() and load() together."""
+    """The checkpoint policy of one run and its collective save/load; every rank calls them together.
+
+    Built from the run's CheckpointConfig (every, keep, exports, async_save) plus the last step. It
+    decides when a step ends with a save (due), saves (asynchronously only mid-run), agrees with the other
+    ranks whether a stop arrived during the save (then an asynchronous save is committed before the rank
+    stops), and remembers the last committed checkpoint (or the one the run resumed from)."""
 
     def __init__(
         self,
         root: Path,
+        config: CheckpointConfig,
         *,
-        keep: int,
-        rank: int,
-        world_size: int,
+        last_step: int,
         attempt: str,
-        export_safetensors: bool = False,
-        export: str = "none",
-        cfg: Any = None,
-        every: int = 0,
-        last_step: int = 0,
-        async_save: bool = False,
+        model_config: ModelConfig | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.root = Path(root)
-        self.keep = keep
-        self.every, self.last_step, self.async_save = every, last_step, async_save
-        self.rank = rank
-        self.world_size = world_size
+        self.config = config
+        self.last_step = last_step
         self.attempt = attempt
-        self.export_safetensors = export_safetensors
-        self.export, self.cfg = export, cfg
+        self.model_config = model_config  # checkpoint.export=reference writes the released config.json
+        self.device = device or torch.device("cpu")  # where the stop agreement's flag lives (nccl: cuda)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.last_committed: CheckpointInfo | None = None
         self._pending: _Pending | None = None
         self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
         self._async_group = None
 
-    def due(self, step: int, stopping: bool) -> bool:
-        """Whether `step` ends with a save: every `every` steps, at the last step, and when stopping."""
-        return stopping or step == self.last_step or (self.every > 0 and step % self.every == 0)
+    @property
+    def keep(self) -> int:
+        return self.config.keep
 
-    def maybe_save(
+    def due(self, step: int, stopping: bool) -> bool:
+        """Whether `step` ends with a save: every `checkpoint.every` steps, at the last step, and when
+        stopping."""
+        every = self.config.every
+        return stopping or step == self.last_step or (every > 0 and step % every == 0)
+
+    def save_due(
         self,
         step: int,
         model: torch.nn.Module,
@@ -159,13 +165,15 @@ class Checkpointer:
         scheduler: Any,
         *,
         stopping: bool,
+        stop_requested: Callable[[], bool],
         train_state: dict[str, Any],
         before_commit: Callable[[], None] | None = None,
     ) -> bool:
-        """Collective. Save when due(); asynchronous only mid-run (a stop or the last step must be on disk
-        before the rank exits). Returns whether a save started."""
-        if not self.due(step, stopping):
-            return False
+        """Collective, for a step where due() holds: save (asynchronous only mid-run, when
+        checkpoint.async_save: a stop or the last step must be on disk before the rank exits), then agree
+        whether any rank was asked to stop during the save (`stop_requested`: this rank's local flag);
+        an asynchronous save is committed before stopping on it. Returns whether the run stops."""
+        asynchronous = self.config.async_save and not stopping and step < self.last_step
         self.save(
             step,
             model,
@@ -173,9 +181,15 @@ class Checkpointer:
             scheduler,
             train_state=train_state,
             before_commit=before_commit,
-            asynchronous=self.async_save and not stopping and step < self.last_step,
+            asynchronous=asynchronous,
         )
-        return True
+        if stopping:
+            return True
+        flag = torch.tensor(float(stop_requested()), device=self.device)
+        dist.all_reduce(flag)  # a signal that arrived during the save stops every rank here
+        if flag.item() > 0 and step < self.last_step:
+            self.finish()  # commit an asynchronous save before stopping on it
+        return flag.item() > 0
 
     def save(
         self,
@@ -213,12 +227,12 @@ class Checkpointer:
                 else:
                     dcp.save(state, checkpoint_id=tmp)
                 torch.save(rng_state(), tmp / f"rng_rank{self.rank}.pt")
-                if self.export_safetensors:
+                if self.config.export_safetensors:
                     self._export_safetensors(model, tmp / SAFETENSORS)
-                if self.export == "reference":  # collective; rank 0 writes tmp/transformer/...
+                if self.config.export == "reference":  # collective; rank 0 writes tmp/transformer/...
                     from trainer.model import export_reference
 
-                    export_reference(model, self.cfg, tmp)
+                    export_reference(model, RunConfig(model=self.model_config or ModelConfig()), tmp)
                 if self.rank == 0:
                     saved = {**train_state, "step": step, "world_size": self.world_size}
                     (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
@@ -330,18 +344,22 @@ class Checkpointer:
             save_file({k: torch.as_tensor(v).contiguous() for k, v in full.items()}, str(path))
 
     def load(self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler) -> dict:
-        """Restore model, optimizer, LR schedule and this rank's RNG; returns the train state."""
+        """Restore model, optimizer, LR schedule and this rank's RNG; returns the train state. Whether this
+        run may resume from `info` at all (world size, model, data) is resume_conflicts(), checked by
+        resume() here and by the launcher's preflight."""
         state = info.train_state()
-        if state.get("world_size") != self.world_size:
-            raise CheckpointError(
-                f"{info.path} was written by {state.get('world_size')} ranks, "
-                f"this run has {self.world_size}: "
-                f"the data shards and RNG streams differ per rank, so resume with the same number of ranks "
-                f"(or start a new run with --run-dir)"
-            )
         dcp.load({"train": TrainState(model, optimizer, scheduler)}, checkpoint_id=info.path)
         set_rng_state(torch.load(info.path / f"rng_rank{self.rank}.pt", weights_only=False))
+        self.last_committed = info
         return state
+
+    def resume(self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler, cfg: RunConfig) -> dict:
+        """Collective: refuse a checkpoint this run may not resume from (CheckpointError naming it and
+        why), else load() it."""
+        conflicts = resume_conflicts(info.train_state(), cfg, self.world_size)
+        if conflicts:
+            raise CheckpointError(f"cannot resume from {info.path}: " + "; ".join(conflicts))
+        return self.load(info, model, optimizer, scheduler)
 
 
 # Settings a resumed run must share with its checkpoint: they change the model's shapes, the data, or
@@ -351,7 +369,7 @@ _FIXED_KEYS = ("train.seed", "train.batch_size", "train.grad_accum")
 _FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache")
 
 
-def resume_conflicts(train_state: dict, cfg, world_size: int) -> list[str]:
+def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list[str]:
     """Why this run may not resume from a checkpoint with `train_state`; empty when it may."""
     saved, now = train_state.get("config") or {}, cfg.to_dict()
     problems = []

@@ -11,7 +11,9 @@ nothing else. The boundary is torchtitan's:
                   LR warm-up: one optimizer step, timed by phase (bench/ drives this same function)
     loop()        after each step one all_reduce averages the losses across ranks and agrees on whether any
                   rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
-                  Checkpointer decides when to save (checkpoint.every, the last step, a stop)
+                  Checkpointer (trainer/checkpoint.py, the one owner of the checkpoint policy) decides
+                  when to save (checkpoint.every, the last step, a stop) and agrees on a stop that
+                  arrived during the save; then the step is logged
 Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
 position. The records passed between these stages are in trainer/rig.py; what a rank reports (metrics,
 progress, rank 0's summary) is trainer/observe.py; what the launcher reads back is written through
@@ -45,7 +47,7 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
-from trainer.checkpoint import Checkpointer, CheckpointError, PeerStopped, resume_conflicts, scan
+from trainer.checkpoint import Checkpointer, PeerStopped, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
@@ -111,28 +113,16 @@ def build(
     agree_on_failure(failure, device)
     ckpt_root = run_dir / "checkpoints"
     checkpointer = Checkpointer(
-        ckpt_root,
-        keep=cfg.checkpoint.keep,
-        rank=rank,
-        world_size=world_size,
-        attempt=attempt_id,
-        export_safetensors=cfg.checkpoint.export_safetensors,
-        export=cfg.checkpoint.export,
-        cfg=cfg,
-        every=cfg.checkpoint.every,
-        last_step=cfg.train.steps,
-        async_save=cfg.checkpoint.async_save,
-    )
+        ckpt_root, cfg.checkpoint, last_step=cfg.train.steps, attempt=attempt_id, model_config=cfg.model,
+        device=device,
+    )  # fmt: skip
     checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
     complete, rig.why_fresh = scan(ckpt_root)
     latest = complete[-1] if complete else None
     if latest is not None:
-        conflicts = resume_conflicts(latest.train_state(), cfg, world_size)
-        if conflicts:
-            raise CheckpointError(f"cannot resume from {latest.path}: " + "; ".join(conflicts))
-        checkpointer.load(latest, model, optimizer, scheduler)
+        checkpointer.resume(latest, model, optimizer, scheduler, cfg)
         rig.start_step, rig.resumed = latest.step, latest
     return rig
 
@@ -190,34 +180,10 @@ def _agree(
     return losses, agreed[2].item() > 0
 
 
-def _checkpoint(rig: Rig, state: LoopState, stop: StopRequest, stopping: bool) -> bool:
-    """Let the Checkpointer save if due; returns whether the run stops (a signal during the save counts)."""
-    step, total_steps = state.step, rig.cfg.train.steps
-    with rig.breakdown.phase("checkpoint"):
-        saved = rig.checkpointer.maybe_save(
-            step,
-            rig.model,
-            rig.optimizer,
-            rig.scheduler,
-            stopping=stopping,
-            train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
-            before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
-        )
-    if not saved:
-        return stopping
-    state.last_ckpt = rig.checkpointer.last_committed or rig.resumed
-    if not stopping:  # a signal that arrived during the save stops us here
-        flag = torch.tensor(float(stop.local), device=rig.device)
-        dist.all_reduce(flag)
-        stopping = flag.item() > 0
-        if stopping and step < total_steps:
-            rig.checkpointer.finish()  # commit an asynchronous save before stopping on it
-            state.last_ckpt = rig.checkpointer.last_committed
-    return stopping
-
-
 def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
-    """Steps start_step+1 .. train.steps, or until every rank agrees to stop (after its checkpoint)."""
+    """Steps start_step+1 .. train.steps, or until every rank agrees to stop (after its checkpoint).
+    Each step, as nanoGPT's: train, agree (losses, stop), maybe evaluate and save, log."""
+    ckpt = rig.checkpointer
     state = LoopState(step=rig.start_step, last_ckpt=rig.resumed)
     for step in range(rig.start_step + 1, rig.cfg.train.steps + 1):
         state.step = step
@@ -226,7 +192,20 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         rig.breakdown.start_step()
         out = train_step(rig, step, on_first_micro=functools.partial(pause_point, "step", step, rig.rank))
         state.losses, stopping = _agree(rig, out, stop, state.failure)
-        stopping = _checkpoint(rig, state, stop, stopping)
+        with rig.breakdown.phase("checkpoint"):
+            if ckpt.due(step, stopping):
+                # The one call site for held-out evaluation at checkpoints: it goes here, before the save.
+                stopping = ckpt.save_due(
+                    step,
+                    rig.model,
+                    rig.optimizer,
+                    rig.scheduler,
+                    stopping=stopping,
+                    stop_requested=lambda: stop.local,
+                    train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
+                    before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
+                )
+                state.last_ckpt = ckpt.last_committed
         record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
         if stopping and step < rig.cfg.train.steps:
@@ -239,8 +218,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
             break
     obs.profiler.close()
     obs.utilisation.close()
-    if rig.checkpointer.finish() is not None:  # an asynchronous save still in flight
-        state.last_ckpt = rig.checkpointer.last_committed
+    ckpt.finish()  # an asynchronous save still in flight is committed before the rank reports
+    state.last_ckpt = ckpt.last_committed
     agree_on_failure(state.failure, rig.device)  # a write that failed after the last step's agreement
     return state
 
