@@ -152,7 +152,9 @@ def test_safetensors_export_is_part_of_the_complete_checkpoint(process_group, tm
     from safetensors.torch import load_file
 
     model, optimizer, scheduler = make_state()
-    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=1, export_safetensors=True), last_step=0, attempt="a4")
+    ckpt = Checkpointer(
+        tmp_path, CheckpointConfig(keep=1, export_safetensors=True), last_step=0, attempt="a4"
+    )
     info = ckpt.save(1, model, optimizer, scheduler, train_state={})
     weights = load_file(str(info.path / SAFETENSORS))
     assert set(weights) == set(model.state_dict())

@@ -353,7 +353,9 @@ class Checkpointer:
         self.last_committed = info
         return state
 
-    def resume(self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler, cfg: RunConfig) -> dict:
+    def resume(
+        self, info: CheckpointInfo, model: torch.nn.Module, optimizer, scheduler, cfg: RunConfig
+    ) -> dict:
         """Collective: refuse a checkpoint this run may not resume from (CheckpointError naming it and
         why), else load() it."""
         conflicts = resume_conflicts(info.train_state(), cfg, self.world_size)
