@@ -1,17 +1,23 @@
 """The env's variables: one file in the prefix that the activate.d/deactivate.d hooks, bin/envcheck and
 bin/train all read, so an activated shell and a plain `$PREFIX/bin/python` job see the same values.
 
-The file, $PREFIX/etc/lingbot/env-vars, is written by bin/provision from environment.yml's `variables:`
-plus the compiler variables it computes. One entry a line, read in order:
+The file, $PREFIX/etc/lingbot/env-vars, is written by bin/provision: the variables computed from the
+linked prefix (provision/activation.py), then environment.yml's `variables:`. One entry a line, in order:
 
+    default CFLAGS -march=nocona -mtune=haswell ... -isystem ${CONDA_PREFIX}/include
     set CC ${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-cc
     prepend CPATH ${CONDA_PREFIX}/include
     set TRITON_CACHE_DIR ${HOME}/.triton/cache_lingbot-b200_b200
 
-`set` replaces the variable; `prepend` puts the value in front of the current one (joined with ":",
-no empty element when there was none). Values may reference `${NAME}`: CONDA_PREFIX, HOME, USER or an
-entry above. The sh hooks expand values with `eval`, so the grammar is strict (no quotes, backslashes,
-backticks or other `$` uses) and checked on both write and read. Stdlib only: used inside the env.
+`set` replaces the variable; `default` sets it only when it is unset or empty (the `${NAME:-value}` of
+conda-forge's compiler scripts: a user's own CFLAGS stays); `prepend` puts the value in front of the
+current one (joined with ":", no empty element when there was none), unless the current one already
+starts with it (so re-applying after a package's own activate.d script does not double it). Besides the
+spec's `variables:`, the file holds what the packages' own activate.d scripts set (captured at provision
+time), so a job that is not activated sees what an activated shell sees.
+Values may reference `${NAME}`: CONDA_PREFIX, HOME, USER or an entry above. The sh hooks expand values
+with `eval`, so the grammar is strict (no quotes, backslashes, backticks or other `$` uses) and checked
+on both write and read. Stdlib only: used inside the env.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 from provision.prefix import provision_command
 
 ENV_VARS_RELPATH = Path("etc") / "lingbot" / "env-vars"
-MODES = ("set", "prepend")
+MODES = ("set", "default", "prepend")
 # Names a value may reference besides the entries above it (all set by any login/batch shell or conda).
 AMBIENT_REFERENCES = ("CONDA_PREFIX", "HOME", "USER")
 
@@ -40,7 +46,7 @@ class EnvVarsError(ValueError):
 
 @dataclass(frozen=True)
 class EnvVar:
-    mode: str  # "set" | "prepend"
+    mode: str  # one of MODES
     name: str
     value: str  # as stored: may reference ${CONDA_PREFIX}, ${HOME}, ...
 
@@ -126,7 +132,11 @@ def apply_env_vars(entries: Iterable[EnvVar], env: dict[str, str]) -> dict[str, 
     for entry in entries:
         value = expand(entry.value, env)
         old = env.get(entry.name, "")
-        env[entry.name] = f"{value}:{old}" if entry.mode == "prepend" and old else value
+        if entry.mode == "default" and old:
+            continue
+        if entry.mode == "prepend" and old:
+            value = old if old == value or old.startswith(f"{value}:") else f"{value}:{old}"
+        env[entry.name] = value
     return env
 
 

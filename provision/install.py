@@ -5,7 +5,8 @@ sysconfig), so a prefix cannot be built in a staging directory and renamed into 
 provision builds a new *generation* in place, `<envs>/.<name>.gens/<id>/`, and the env's name is a
 symlink to the current generation:
 
-    1. build the generation: verified conda packages (py-rattler, no re-solve), hooks, pip part;
+    1. build the generation: verified conda packages (py-rattler, no re-solve), the env's variables
+       (from what the linked prefix holds: provision/activation.py), hooks, pip part;
     2. write the completion manifest LAST (prefix.completeness accepts nothing without it);
     3. point a new symlink at it and rename() it over `<envs>/<name>` (atomic: no moment without an env);
     4. delete the previous generation.
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from provision import hooks
+from provision import activation, hooks
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
 from provision.fetch import FetchError, conda_records
@@ -275,7 +276,11 @@ def _build(p: Plan, gen: Path, installer: str, src: Sources, cache_dir: Path, pr
     except FetchError as exc:
         raise ProvisionError(str(exc)) from None
     _link_conda(records, gen, installer, cache_dir, progress)
-    hooks.write_env_files(gen, p.entries, str(p.spec.path))
+    try:  # from what the prefix holds now: the packages' activate.d scripts, the compilers
+        entries = activation.env_entries(gen, p.platform, p.entries, str(p.spec.path), log=progress)
+    except activation.ActivationError as exc:
+        raise ProvisionError(str(exc)) from None
+    hooks.write_env_files(gen, entries, str(p.spec.path))
     pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
     pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, progress)
     _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)

@@ -3,7 +3,8 @@ already that (`up_to_date`).
 
 Contract: `plan()` checks the env name against the spec, the lock's platform, one owner per package and
 drift (provision.lock.check_lock), and computes the state hash the completion manifest records: the
-lock file's sha256, the platform, the env's variables, the hook templates and the sources of the
+lock file's sha256, the platform, the spec's variables, the version of the activate.d capture (the
+computed variables follow from the locked packages), the hook templates and the sources of the
 projects pip installs after the lock (this checkout, for its own environment.yml). The same hash in
 a complete env's manifest means there is nothing to do.
 """
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from provision import hooks
+from provision import activation, hooks
 from provision import prefix as prefixes
 from provision.envvars import EnvVar, format_env_vars
 from provision.lock import check_lock, current_platform
@@ -75,7 +76,7 @@ class Plan:
     lock: LockFile
     platform: str
     target: Path
-    entries: list[EnvVar]
+    entries: list[EnvVar]  # the spec's `variables:`; the computed ones come after linking
     state_hash: str
     projects: list[Path] = field(default_factory=list)  # installed with pip --no-deps after the lock
     spec_checked: bool = True  # False: no environment.yml, drift was not checked
@@ -90,8 +91,8 @@ def is_checkout_spec(spec: EnvSpec) -> bool:
 
 
 def spec_from_lock(lock: LockFile, name: str, platform: str) -> EnvSpec:
-    """An EnvSpec for a lock with no environment.yml at hand: its conda package names (so the compiler
-    variables are computed as from the spec), no pip requirements to re-lock, no variables."""
+    """An EnvSpec for a lock with no environment.yml at hand: its conda package names, no pip
+    requirements to re-lock, no variables (the compiler variables come from the linked prefix)."""
     conda = [p.name for p in lock.for_platform(platform, "conda")]
     return EnvSpec(lock.path, name, ["(from the lock)"], conda, [], [], {}, list(lock.platforms))
 
@@ -121,11 +122,12 @@ def plan(
     projects = list(spec.pip_local)
     if install_project and is_checkout_spec(spec):
         projects.append(repo_root())
-    entries = spec.env_var_entries(platform)
+    entries = spec.variable_entries()
     state = {
         "lock_sha256": lock.sha256,
         "platform": platform,
         "env_vars": format_env_vars(entries),
+        "captured": activation.CAPTURE_VERSION,  # the rest of env-vars follows from the lock's packages
         "hooks": hooks.hooks_version(),
         "project": project_digest(projects) if projects else "",
     }

@@ -4,8 +4,9 @@ One env per file, as in conda. Two things beyond what `conda env create` reads:
 - pip entries that are local paths ("./sub", relative to the file) are a user's own packages: not
   locked, installed by bin/provision with --no-deps (conda-lock cannot parse such a spec: this
   checkout's environment.yml has none, bin/provision installs the checkout in its own step);
-- `variables:` values may reference ${NAME} (CONDA_PREFIX, HOME, USER, a variable above); they are
-  expanded at activation (see provision/envvars.py), not at provision time.
+- `variables:` values may reference ${NAME} (CONDA_PREFIX, HOME, USER, CC, CXX, CPATH, a variable
+  above); they are expanded at activation (see provision/envvars.py), not at provision time. The
+  compiler variables are not the spec's: they come from the linked prefix (provision/activation.py).
 """
 
 from __future__ import annotations
@@ -16,17 +17,10 @@ from pathlib import Path
 
 import yaml
 
+from provision.activation import COMPUTED_VARIABLES
 from provision.envvars import EnvVar, EnvVarsError, validate
 from provision.paths import repo_root
 
-# Host triplet of conda-forge's cross-prefixed compilers per platform.
-_TRIPLETS = {
-    "linux-64": "x86_64-conda-linux-gnu",
-    "linux-aarch64": "aarch64-conda-linux-gnu",
-    "linux-ppc64le": "powerpc64le-conda-linux-gnu",
-}
-# Variables provision computes from the compilers in the spec; the spec may not set them itself.
-COMPUTED_VARIABLES = ("CC", "CXX", "CPATH")
 _LOCAL_PIP = re.compile(r"^(\.{1,2}(/.*)?|/.*|file:.*)$")
 _KNOWN_KEYS = {"name", "channels", "dependencies", "variables", "platforms", "prefix"}
 
@@ -49,21 +43,13 @@ class EnvSpec:
     def conda_names(self) -> set[str]:
         return {re.split(r"[\s=<>!~\[]", s, maxsplit=1)[0] for s in self.conda}
 
-    def env_var_entries(self, platform: str = "linux-64") -> list[EnvVar]:
-        """The env's variables: compiler variables computed from the spec, then `variables:`."""
-        entries = []
-        names = self.conda_names()
-        triplet = _TRIPLETS.get(platform)
-        compilers = {"CC": ("gcc_linux-64", "cc"), "CXX": ("gxx_linux-64", "c++")}
-        for var, (package, tool) in compilers.items():
-            if package.replace("linux-64", platform) in names and triplet:
-                entries.append(EnvVar("set", var, f"${{CONDA_PREFIX}}/bin/{triplet}-{tool}"))
-        if entries:
-            # headers installed into the env (e.g. by pip wheels' include dirs) before the sysroot's
-            entries.append(EnvVar("prepend", "CPATH", "${CONDA_PREFIX}/include"))
-        entries += [EnvVar("set", k, v) for k, v in self.variables.items()]
+    def variable_entries(self) -> list[EnvVar]:
+        """The spec's `variables:`, in file order. The compiler variables before them are computed from
+        the linked prefix (provision/activation.py); a value here may reference them (${CC})."""
+        computed = [EnvVar("set", name, "computed") for name in COMPUTED_VARIABLES]
+        entries = [EnvVar("set", k, v) for k, v in self.variables.items()]
         try:
-            return validate(entries, f"{self.path}: variables")
+            return validate(computed + entries, f"{self.path}: variables")[len(computed) :]
         except EnvVarsError as exc:
             raise SpecError(str(exc)) from None
 
@@ -132,8 +118,7 @@ def load_spec(path: Path | str | None = None) -> EnvSpec:
         )
     platforms = data.get("platforms") or ["linux-64"]
     spec = EnvSpec(path, name, list(channels), conda, pip, pip_local, variables, list(platforms))
-    for platform in spec.platforms:
-        spec.env_var_entries(platform)  # validates the variables now, naming the file
+    spec.variable_entries()  # validates the variables now, naming the file
     return spec
 
 

@@ -130,9 +130,12 @@ def check_variables_file(ctx: Context) -> Outcome:
     wrong = []
     for entry in entries:
         value, have = expand(entry.value, scope), env.get(entry.name)
-        good = have is not None and (
-            have.split(":")[0] == value if entry.mode == "prepend" else have == value
-        )
+        if entry.mode == "prepend":
+            good = have is not None and (have == value or have.startswith(f"{value}:"))
+        elif entry.mode == "default":  # the env's value, or the job's own non-empty one that stays
+            good = bool(have)
+        else:
+            good = have == value
         if not good:
             wrong.append(f"{entry.name}={have!r}, the env says {entry.mode} {value!r}")
         scope[entry.name] = have if have is not None else value

@@ -9,14 +9,16 @@
 # user's CC on deactivation.
 #
 # The zz- name makes conda run this after the compiler packages' hooks, so the absolute CC/CXX here win
-# over theirs and over anything the user had set (for example CC=/usr/bin/gcc on a login node).
+# over anything the user had set (for example CC=/usr/bin/gcc on a login node). The file also holds what
+# those packages' hooks set (captured by bin/provision): re-applying it here changes nothing (`default`
+# keeps the value there, `prepend` does not repeat a value already in front).
 # TRITON_CACHE_DIR is only exported, never created: Triton creates it on first use, and bin/envcheck
 # reports a cache on a network filesystem.
 
 _lingbot_vars="${CONDA_PREFIX}/etc/lingbot/env-vars"
 if [ -r "${_lingbot_vars}" ]; then
   while read -r _lingbot_mode _lingbot_name _lingbot_value; do
-    case "${_lingbot_mode}" in set | prepend) ;; *) continue ;; esac  # comments, blank lines
+    case "${_lingbot_mode}" in set | default | prepend) ;; *) continue ;; esac  # comments, blank lines
     case "${_lingbot_name}" in '' | [0-9]* | *[!A-Za-z0-9_]*) continue ;; esac
     _lingbot_isset=""
     eval "_lingbot_isset=\${${_lingbot_name}+x}"
@@ -29,8 +31,13 @@ if [ -r "${_lingbot_vars}" ]; then
     fi
     # provision/envvars.py allows only ${NAME} references in values, so this eval only expands them
     eval "_lingbot_value=\"${_lingbot_value}\""
-    if [ "${_lingbot_mode}" = prepend ] && [ -n "${_lingbot_old}" ]; then
-      _lingbot_value="${_lingbot_value}:${_lingbot_old}"
+    if [ "${_lingbot_mode}" = default ] && [ -n "${_lingbot_old}" ]; then
+      _lingbot_value="${_lingbot_old}"  # the user's own value (or a package hook's) stays
+    elif [ "${_lingbot_mode}" = prepend ] && [ -n "${_lingbot_old}" ]; then
+      case "${_lingbot_old}" in
+        "${_lingbot_value}" | "${_lingbot_value}":*) _lingbot_value="${_lingbot_old}" ;;  # already in front
+        *) _lingbot_value="${_lingbot_value}:${_lingbot_old}" ;;
+      esac
     fi
     eval "export ${_lingbot_name}=\"\${_lingbot_value}\""
   done <"${_lingbot_vars}"

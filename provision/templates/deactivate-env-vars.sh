@@ -9,7 +9,7 @@ _lingbot_vars="${CONDA_PREFIX}/etc/lingbot/env-vars"
 if [ -r "${_lingbot_vars}" ]; then
   # shellcheck disable=SC2034  # _lingbot_value: read must take the rest of the line somewhere
   while read -r _lingbot_mode _lingbot_name _lingbot_value; do
-    case "${_lingbot_mode}" in set | prepend) ;; *) continue ;; esac
+    case "${_lingbot_mode}" in set | default | prepend) ;; *) continue ;; esac
     case "${_lingbot_name}" in '' | [0-9]* | *[!A-Za-z0-9_]*) continue ;; esac
     _lingbot_isset=""
     eval "_lingbot_isset=\${CONDA_BACKUP_LINGBOT_${_lingbot_name}+x}"

@@ -124,10 +124,90 @@ export PATH LD_LIBRARY_PATH
 exec "$sysroot/{tool}"{sysroot_flag} "$@"
 """
 
-_ACTIVATE = """#!/bin/sh
-# {package}: {what} (variable names as conda-forge's compiler activation uses).
-{body}
+# activate.d/deactivate.d in the shape of conda-forge's compiler activation packages (gcc_linux-64 & co.,
+# from ctng-compiler-activation): sourced by bash/zsh/sh; tools by absolute path (all present, or nothing
+# is set), flags only where the caller has none (`${CFLAGS:-...}`), HOST/BUILD/sysroot/aliases, and each
+# previous non-empty value kept in CONDA_BACKUP_<NAME> for deactivation. Written for this stand-in.
+_ACTIVATE = """# shellcheck shell=sh
+# @PACKAGE@ (lingbot toolchain stand-in): the env's @WHAT@ for an activated shell.
+_standin_set() {  # NAME VALUE: keep NAME's value in CONDA_BACKUP_NAME, then set it (empty VALUE: unset)
+  eval "_standin_old=\\${$1:-}"
+  if [ -n "$_standin_old" ]; then eval "export CONDA_BACKUP_$1=\\"\\$_standin_old\\""
+  else unset "CONDA_BACKUP_$1"; fi
+  if [ -n "$2" ]; then eval "export $1=\\"\\$2\\""; else unset "$1"; fi
+}
+_standin_missing=""
+for _standin_tool in @TOOLS@; do
+  [ -x "${CONDA_PREFIX}/bin/@TARGET@-${_standin_tool}" ] ||
+    _standin_missing="${_standin_missing} ${_standin_tool}"
+done
+if [ -n "${_standin_missing}" ]; then
+  echo "ERROR: @PACKAGE@: ${CONDA_PREFIX}/bin has no @TARGET@- program for${_standin_missing}; nothing set"
+else
+@BODY@
+fi
+unset -f _standin_set
+unset _standin_old _standin_missing _standin_tool
 """
+
+_DEACTIVATE = """# shellcheck shell=sh
+# @PACKAGE@ (lingbot toolchain stand-in): undo its activate.d script.
+_standin_restore() {  # NAME: back to CONDA_BACKUP_NAME's value, or unset when there was none
+  eval "_standin_old=\\${CONDA_BACKUP_$1:-}"
+  if [ -n "$_standin_old" ]; then eval "export $1=\\"\\$_standin_old\\""; else unset "$1"; fi
+  unset "CONDA_BACKUP_$1"
+}
+@BODY@
+unset -f _standin_restore
+unset _standin_old
+"""
+# Flags as conda-forge's linux-64 compiler packages default them (when the caller has none).
+_CPPFLAGS = "-DNDEBUG -D_FORTIFY_SOURCE=2 -O2 -isystem ${CONDA_PREFIX}/include"
+_CFLAGS = ("-march=nocona -mtune=haswell -ftree-vectorize -fPIC -fstack-protector-strong -fno-plt -O2 "
+           "-ffunction-sections -pipe -isystem ${CONDA_PREFIX}/include")  # fmt: skip
+_CXXFLAGS = _CFLAGS.replace(
+    " -isystem", " -std=c++17 -fmessage-length=0 -fvisibility-inlines-hidden -isystem"
+)
+_LDFLAGS = ("-Wl,-O2 -Wl,--sort-common -Wl,--as-needed -Wl,-z,relro -Wl,-z,now -Wl,--disable-new-dtags "
+            "-Wl,--gc-sections -Wl,--allow-shlib-undefined -Wl,-rpath,${CONDA_PREFIX}/lib "
+            "-Wl,-rpath-link,${CONDA_PREFIX}/lib -L${CONDA_PREFIX}/lib")  # fmt: skip
+# package -> (programs: variable -> command suffix, other variables: name -> value; "" unsets it)
+ACTIVATION: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "binutils_linux-64": (
+        {"ADDR2LINE": "addr2line", "AR": "ar", "AS": "as", "CXXFILT": "c++filt", "ELFEDIT": "elfedit",
+         "LD": "ld", "NM": "nm", "OBJCOPY": "objcopy", "OBJDUMP": "objdump", "RANLIB": "ranlib",
+         "READELF": "readelf", "SIZE": "size", "STRINGS": "strings", "STRIP": "strip"},
+        {"HOST": TARGET},
+    ),
+    "gcc_linux-64": (
+        {"CC": "cc", "CPP": "cpp", "GCC": "gcc", "GCC_AR": "gcc-ar", "GCC_NM": "gcc-nm",
+         "GCC_RANLIB": "gcc-ranlib"},
+        {"HOST": TARGET, "BUILD": TARGET, "CPPFLAGS": "${CPPFLAGS:-" + _CPPFLAGS + "}",
+         "CFLAGS": "${CFLAGS:-" + _CFLAGS + "}", "LDFLAGS": "${LDFLAGS:-" + _LDFLAGS + "}",
+         "DEBUG_CFLAGS": "${DEBUG_CFLAGS:-" + _CFLAGS.replace("-O2", "-Og -g") + "}",
+         "CMAKE_PREFIX_PATH": "${CONDA_PREFIX}:${CONDA_PREFIX}/" + SYSROOT + "/usr",
+         "_CONDA_PYTHON_SYSCONFIGDATA_NAME": "${_CONDA_PYTHON_SYSCONFIGDATA_NAME:-"
+                                             "_sysconfigdata_x86_64_conda_cos7_linux_gnu}",
+         "CONDA_BUILD_SYSROOT": "${CONDA_PREFIX}/" + SYSROOT, "CONDA_BUILD_CROSS_COMPILATION": "",
+         "CC_FOR_BUILD": "${CONDA_PREFIX}/bin/" + TARGET + "-cc",
+         "build_alias": TARGET, "host_alias": TARGET},
+    ),
+    "gxx_linux-64": (
+        {"CXX": "c++", "GXX": "g++"},
+        {"CXXFLAGS": "${CXXFLAGS:-" + _CXXFLAGS + "}",
+         "DEBUG_CXXFLAGS": "${DEBUG_CXXFLAGS:-" + _CXXFLAGS.replace("-O2", "-Og -g") + "}",
+         "CXX_FOR_BUILD": "${CONDA_PREFIX}/bin/" + TARGET + "-c++"},
+    ),
+}  # fmt: skip
+# conda-forge's native-name and meta packages: name -> (depends, bin/ symlink -> target in bin/)
+NATIVE: dict[str, tuple[list[str], dict[str, str]]] = {
+    "gcc": ([f"gcc_impl_linux-64 {GCC_VERSION}.*"], {n: f"{TARGET}-{n}" for n in ("cc", "gcc", "cpp")}),
+    "gxx": ([f"gxx_impl_linux-64 {GCC_VERSION}.*", f"gcc {GCC_VERSION}.*"],
+            {n: f"{TARGET}-{n}" for n in ("c++", "g++")}),
+    "c-compiler": (["gcc", "gcc_linux-64"], {}),
+    "cxx-compiler": (["c-compiler", "gxx", "gxx_linux-64"], {}),
+    "compilers": (["c-compiler", "cxx-compiler"], {}),
+}  # fmt: skip
 
 
 class ToolchainBuildError(RuntimeError):
@@ -260,23 +340,31 @@ def _build_packages(deb_files: dict[str, Path], work: Path) -> list[str]:
                 dest = f"{SYSROOT}/{rel}"
             files[DEBS[deb]][dest] = item
 
-    files["binutils_linux-64"] = {
+    # as on conda-forge: the *_impl packages hold the <triplet>-* programs, the *_linux-64 ones only
+    # their activation scripts, `gcc`/`gxx` the native names (symlinks), the rest is metadata
+    files["binutils_impl_linux-64"].update({
         f"bin/{TARGET}-{tool}": _wrapper(f"{TARGET}-{tool}", f"usr/bin/x86_64-linux-gnu-{tool}", tool == "ld")
         for tool in BINUTILS_TOOLS
-    }
-    files["gcc_linux-64"] = {
+    })  # fmt: skip
+    files["gcc_impl_linux-64"].update({
         f"bin/{TARGET}-{cmd}": _wrapper(f"{TARGET}-{cmd}", tool, flag)
         for cmd, (tool, flag) in GCC_WRAPPERS.items()
-    }
-    files["gxx_linux-64"] = {
+    })  # fmt: skip
+    files["gxx_impl_linux-64"].update({
         f"bin/{TARGET}-{cmd}": _wrapper(f"{TARGET}-{cmd}", tool, flag)
         for cmd, (tool, flag) in GXX_WRAPPERS.items()
-    }
-    files["gcc_linux-64"].update(_activation("gcc_linux-64", {
-        "CC": "cc", "CPP": "cpp", "GCC": "gcc", "LD": "ld", "AR": "ar", "NM": "nm", "RANLIB": "ranlib",
-        "STRIP": "strip", "OBJCOPY": "objcopy", "OBJDUMP": "objdump", "READELF": "readelf",
-    }))  # fmt: skip
-    files["gxx_linux-64"].update(_activation("gxx_linux-64", {"CXX": "c++", "GXX": "g++"}))
+    })  # fmt: skip
+    for package, (programs, values) in ACTIVATION.items():
+        files[package] = _activation(package, programs, values)
+    links = work / "links"
+    links.mkdir()
+    for package, (_, symlinks) in NATIVE.items():
+        files[package] = {
+            f"share/lingbot-standin/{package}.txt": f"{package}: a stand-in metapackage\n".encode()
+        }
+        for name, target in symlinks.items():
+            (links / name).symlink_to(target)
+            files[package][f"bin/{name}"] = links / name
 
     gcc_pin, bin_pin = f"{GCC_VERSION}.*", f"{BINUTILS_VERSION}.*"
     specs = {  # name: (version, depends) -- the dependency shape of conda-forge's compiler packages
@@ -293,6 +381,7 @@ def _build_packages(deb_files: dict[str, Path], work: Path) -> list[str]:
         "gxx_linux-64": (GCC_VERSION, [f"gcc_linux-64 {GCC_VERSION}", f"gxx_impl_linux-64 {gcc_pin}",
                                        "sysroot_linux-64"]),
     }  # fmt: skip
+    specs.update({name: (GCC_VERSION, depends) for name, (depends, _) in NATIVE.items()})
     names = []
     for name, (version, depends) in specs.items():
         pkg = make_package(work, name, version, files[name], build=BUILD, depends=depends)
@@ -326,26 +415,19 @@ def _wrapper(command: str, tool: str, takes_sysroot: bool) -> bytes:
     ).encode()  # fmt: skip
 
 
-def _activation(package: str, variables: dict[str, str]) -> dict[str, bytes]:
-    """activate.d/deactivate.d scripts like conda-forge's: save the old value, restore it on deactivate."""
-    on = "\n".join(
-        f'export CONDA_BACKUP_{var}="${{{var}:-}}"\nexport {var}="${{CONDA_PREFIX}}/bin/{TARGET}-{cmd}"'
-        for var, cmd in variables.items()
+def _activation(package: str, programs: dict[str, str], values: dict[str, str]) -> dict[str, bytes]:
+    """activate.d/deactivate.d scripts for `package` (see _ACTIVATE): programs first, then the values."""
+    sets = [f'  _standin_set {var} "${{CONDA_PREFIX}}/bin/{TARGET}-{cmd}"' for var, cmd in programs.items()]
+    sets += [f'  _standin_set {var} "{value}"' for var, value in values.items()]
+    on = (_ACTIVATE.replace("@PACKAGE@", package).replace("@WHAT@", ", ".join(programs))
+          .replace("@TOOLS@", " ".join(programs.values())).replace("@TARGET@", TARGET)
+          .replace("@BODY@", "\n".join(sets)))  # fmt: skip
+    off = _DEACTIVATE.replace("@PACKAGE@", package).replace(
+        "@BODY@", "\n".join(f"_standin_restore {var}" for var in [*programs, *values])
     )
-    off = "\n".join(
-        f'if [ -n "${{CONDA_BACKUP_{var}:-}}" ]; then export {var}="$CONDA_BACKUP_{var}"; else '
-        f"unset {var}; fi\n"
-        f"unset CONDA_BACKUP_{var}"
-        for var in variables
-    )
-    on_doc, off_doc = "point the env's compiler variables at its tools", "restore what activate.d changed"
     return {
-        f"etc/conda/activate.d/activate-{package}.sh": _ACTIVATE.format(
-            package=package, what=on_doc, body=on
-        ).encode(),
-        f"etc/conda/deactivate.d/deactivate-{package}.sh": _ACTIVATE.format(
-            package=package, what=off_doc, body=off
-        ).encode(),
+        f"etc/conda/activate.d/activate-{package}.sh": on.encode(),
+        f"etc/conda/deactivate.d/deactivate-{package}.sh": off.encode(),
     }
 
 
