@@ -1,4 +1,4 @@
-"""model.pretrained through bin/train's launcher: the dimensions come from the folder's config.json whatever
+"""model.pretrained and the data through bin/train's launcher. The dimensions come from the folder's config.json whatever
 the cpu_scale block says; only a model.* value the user set (--set, the config file) can conflict, and that
 is said before the preflight, in one line, exit 2, nothing written. A folder that cannot be read is a
 preflight failure (exit 3). The launcher runs in this process; torchrun is replaced by a recorder.
@@ -123,3 +123,37 @@ def test_an_unreadable_folder_is_a_preflight_failure(recorder, tmp_path, capsys)
     assert "the next run fails the same way until that is fixed; then it starts fresh" in last
     assert recorder.attempts == []
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "preflight_failed"
+
+
+def test_weights_that_do_not_fit_the_model_fail_the_preflight_in_one_line(
+    released, recorder, tmp_path, capsys
+):
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken" / "transformer"
+    broken.mkdir(parents=True)
+    for f in (released / "transformer").iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    weights = broken / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(weights)
+    tensors.pop("proj_out.bias")
+    save_file(tensors, weights)
+    run_dir = tmp_path / "run"
+    argv = ["furniture_train", "2", "--run-dir", str(run_dir), "--set", f"model.pretrained={broken.parent}"]
+    assert launch.main(argv) == 3
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "envcheck" not in err  # judged before the env's compile checks
+    assert "1 missing tensor(s): proj_out.bias" in last and "the next run fails the same way until" in last
+    assert recorder.attempts == []
+
+
+def test_a_data_path_without_episodes_fails_the_preflight(recorder, tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "notes.txt").write_text("not an episode")
+    run_dir = tmp_path / "run"
+    argv = ["furniture_train", "2", "--run-dir", str(run_dir), "--set", f"data.path={tmp_path / 'data'}"]
+    assert launch.main(argv) == 3
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "preflight failed: " in last and "holds no one_leg episodes" in last
+    assert recorder.attempts == []

@@ -61,6 +61,7 @@ from trainer.launcher.compile_cache import env_key_name, localise_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
+from trainer.launcher.inputs import inputs_check
 from trainer.launcher.preflight import check_run_dir, env_checks, space_check
 from trainer.launcher.rendezvous import rendezvous
 from trainer.launcher.resolved import Known, Launch
@@ -253,6 +254,8 @@ def _preflight(
         conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+    for note in inputs_check(cfg):  # the data and the weights, as far as they judge without reading them
+        say(note)
     if args.preflight_only:
         supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
     choice = resolve_env(args.env, args.prefix, environ)
