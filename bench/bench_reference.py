@@ -8,9 +8,10 @@ FlexAttnFunc.init_mask is swapped for that, its custom_sdpa given the mask). The
 reference's compute_loss (read from its wan_va/train.py at run time) or ours + backward. The two alternate
 step by step (ABAB...), medians; then one profiled step each gives the top ops by self CPU time.
 
-Needs the upstream code installed OUTSIDE this tree: $LINGBOT_PARITY_DIR (default /work/parity) with
-lingbot-va/ (upstream 58c2ae5) and venv/ (its Python with diffusers); without it the bench reports a skip and
-why. Run:  .venv/bin/python bench/bench_reference.py [--quick]
+Needs the upstream code installed OUTSIDE this tree: $LINGBOT_PARITY_DIR (no default) with lingbot-va/
+(upstream 58c2ae5, a git clone) and venv/ (its Python with diffusers); docs/model.md has the commands that
+make it. Without it the bench reports a skip and those commands.
+Run:  .venv/bin/python bench/bench_reference.py [--quick]
 (re-runs itself under the parity venv's Python, with this checkout on PYTHONPATH).
 """
 
@@ -29,9 +30,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REPO, Table, median  # noqa: E402
 
-PARITY = Path(os.environ.get("LINGBOT_PARITY_DIR", "/work/parity"))
-REFERENCE_SRC = PARITY / "lingbot-va" / "wan_va"
-PARITY_PYTHON = PARITY / "venv" / "bin" / "python"
+PARITY = Path(os.environ["LINGBOT_PARITY_DIR"]) if os.environ.get("LINGBOT_PARITY_DIR") else None
+REFERENCE_SRC = PARITY / "lingbot-va" / "wan_va" if PARITY else None
+PARITY_PYTHON = PARITY / "venv" / "bin" / "python" if PARITY else None
+# docs/model.md "Parity with the upstream reference" has these commands too
+PARITY_SETUP = (
+    'export LINGBOT_PARITY_DIR="$HOME/lingbot-parity"; '
+    'git clone https://github.com/hewu2008/lingbot-va "$LINGBOT_PARITY_DIR/lingbot-va"; '
+    'git -C "$LINGBOT_PARITY_DIR/lingbot-va" checkout 58c2ae5; '
+    'python3.11 -m venv "$LINGBOT_PARITY_DIR/venv"; '
+    '"$LINGBOT_PARITY_DIR/venv/bin/pip" install torch==2.13.0 diffusers einops safetensors numpy pyyaml'
+)
+
+
+def parity_missing() -> str | None:
+    """Why the upstream install cannot be used (with the commands that make it), or None."""
+    if PARITY is None:
+        return f"LINGBOT_PARITY_DIR is not set; make the upstream install with: {PARITY_SETUP}"
+    assert REFERENCE_SRC is not None and PARITY_PYTHON is not None
+    if not (REFERENCE_SRC / "modules" / "model.py").is_file() or not PARITY_PYTHON.is_file():
+        return f"no upstream install at LINGBOT_PARITY_DIR={PARITY}; make it with: {PARITY_SETUP}"
+    return None
+
+
 BENCH = {
     "model.dim": 192,  # 4 heads x 48
     "model.heads": 4,
@@ -50,8 +71,8 @@ VIEWS, TEXT_LEN = 2, 32
 
 
 def skip_reason() -> str | None:
-    if not (REFERENCE_SRC / "modules" / "model.py").is_file():
-        return f"no upstream code at {REFERENCE_SRC} (set LINGBOT_PARITY_DIR)"
+    if REFERENCE_SRC is None or not (REFERENCE_SRC / "modules" / "model.py").is_file():
+        return f"no upstream code (set LINGBOT_PARITY_DIR); make it with: {PARITY_SETUP}"
     try:
         import diffusers  # noqa: F401
         import einops  # noqa: F401

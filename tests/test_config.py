@@ -47,12 +47,12 @@ def test_set_overrides_are_typed():
     [
         ("train.stepz=3", "unknown key 'train.stepz'"),
         ("trian.steps=3", "unknown key 'trian.steps'"),
-        ("train.steps=abc", "bad value 'abc' for train.steps: expected int"),
-        ("train.steps=2.5", "expected int"),
-        ("log.wandb=maybe", "bad value 'maybe' for log.wandb: expected bool"),
+        ("train.steps=abc", "bad value 'abc' for train.steps: train.steps must be an integer"),
+        ("train.steps=2.5", "must be an integer"),
+        ("log.wandb=maybe", "bad value 'maybe' for log.wandb: log.wandb must be true or false"),
         ("model=3", "is a section"),
-        ("train.steps=0", "train.steps, grad_accum, batch_size must be > 0"),
-        ("model.dim=100", "model.dim must be a multiple of model.heads"),
+        ("train.steps=0", "train.steps=0 is not allowed: train.steps must be > 0"),
+        ("model.dim=100", "model.dim must be > 0, a multiple of model.heads"),
     ],
 )
 def test_bad_set_is_a_clear_error(item, message):

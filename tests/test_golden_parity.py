@@ -2,8 +2,9 @@
 
 Committed part (always runs): tests/fixtures/golden_parity.* hold a tiny model's weights, our micro-batches
 and the numbers the reference's forward_train + compute_loss produced on them (fp32, CPU, SDPA; two cases:
-B=2 with two camera views and noisy history, B=1 with three views). Live part (runs where the parity run's
-files exist, $LINGBOT_GOLDEN_DIR, default /work/parity/golden): our strict loader reads the reference's own
+B=2 with two camera views and noisy history, B=1 with three views). Live part (runs where a parity run's
+files are, $LINGBOT_GOLDEN_DIR; skipped otherwise, the skip naming the commands that make them): our strict
+loader reads the reference's own
 save_pretrained folder, every random draw of its run is converted to our batch, and every parameter's
 gradient is compared too. The committed fixture was made from tests/support/reference_golden.py's run of the
 upstream code (its docstring has the two commands); `.venv/bin/python -m tests.support.golden` rebuilds it
@@ -19,6 +20,7 @@ from tests.support.golden import (
     FIXTURE_JSON,
     FIXTURE_TENSORS,
     GOLDEN,
+    PARITY_SETUP,
     PICKED_GRADS,
     batch_from_reference,
     golden_cases,
@@ -87,11 +89,15 @@ def test_committed_layout_is_the_released_naming():
     assert meta["config_json"]["num_layers"] == 2 and len(names) == 29 + 2 * 27
 
 
-@pytest.mark.skipif(not (GOLDEN / "expected.json").is_file(), reason=f"no parity run at {GOLDEN}")
+@pytest.mark.skipif(
+    GOLDEN is None or not (GOLDEN / "expected.json").is_file(),
+    reason=f"no parity run: LINGBOT_GOLDEN_DIR is unset or has no expected.json ({PARITY_SETUP})",
+)
 @pytest.mark.parametrize("case", golden_cases() or ["none"])
 def test_live_golden_with_every_gradient(case):
     from safetensors.torch import load_file
 
+    assert GOLDEN is not None
     inputs = load_file(GOLDEN / f"inputs_{case}.safetensors")
     expected = load_file(GOLDEN / f"expected_{case}.safetensors")
     cfg = model_cfg(int(inputs["actions"].shape[3]), GOLDEN / "transformer")

@@ -56,7 +56,7 @@ class FakeTorchrun:
 
     calls: list = []
 
-    def __init__(self, command, env, attempt):
+    def __init__(self, command, env, attempt, log=None):
         FakeTorchrun.calls.append((command, env, attempt.dir))
         # what summary.json says while the ranks would be starting
         FakeTorchrun.summary_at_start = json.loads((attempt.dir.parent.parent / "summary.json").read_text())

@@ -201,10 +201,12 @@ def test_the_reference_from_pretrained_loads_our_export(tmp_path):
     """Run the upstream WanTransformer3DModel.from_pretrained (installed outside the tree) on our export."""
     import subprocess
 
-    from bench.bench_reference import PARITY_PYTHON, REFERENCE_SRC
+    from bench.bench_reference import PARITY_PYTHON, REFERENCE_SRC, parity_missing
 
-    if not PARITY_PYTHON.is_file() or not (REFERENCE_SRC / "modules" / "model.py").is_file():
-        pytest.skip(f"the upstream code is not installed at {REFERENCE_SRC} with {PARITY_PYTHON}")
+    missing = parity_missing()
+    if missing:
+        pytest.skip(missing)
+    assert PARITY_PYTHON is not None and REFERENCE_SRC is not None
     cfg = tiny_cfg()
     folder = export_reference(_model(cfg, seed=3), cfg, tmp_path / "checkpoint_step_5")
     assert folder is not None

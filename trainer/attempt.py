@@ -10,6 +10,8 @@ This module is the one owner of those files; the launcher (trainer/launcher/) an
         progress.json     Progress, rank 0, every step: first/last step, last losses, last checkpoint
         stop              the stop request (exists = every rank stops at its next safe point)
         node<N>/          torchrun's per-node log dir (error files of failed ranks)
+        node<N>.log       the launcher's copy of node N's torchrun stderr (the terminal gets it without
+                          tracebacks); rank_<R>.log: the traceback of rank R's failure
     RUN_DIR/summary.json  Summary: the honest outcome of the last run (one builder: Summary(...))
 
 Statuses and the launcher's exit codes live here too (documented in the README and `bin/train --help`).
@@ -61,7 +63,9 @@ EXIT_CODES: dict[str, int | None] = {
 }
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from `path`, or None when it is missing, unreadable or not an object (the one reader
+    of the protocol's files, and of torchrun's error files and the nodes' outcome files)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -84,6 +88,12 @@ class CheckpointRef:
     def of(cls, info: Any) -> CheckpointRef | None:
         """From a trainer.checkpoint.CheckpointInfo (or None)."""
         return cls(info.step, str(info.path)) if info is not None else None
+
+
+def checkpoint_json(info: Any) -> dict[str, Any] | None:
+    """A trainer.checkpoint.CheckpointInfo (or None) as summary.json and progress.json hold it."""
+    ref = CheckpointRef.of(info)
+    return dataclasses.asdict(ref) if ref is not None else None
 
 
 def parse_record_line(line: str) -> dict[str, Any] | None:
@@ -109,6 +119,9 @@ class RankStatus:
     step: int | None = None
     error: str | None = None
     traceback: str | None = None
+    # what must change before a rerun can pass (bad data, weights, config: it would fail the same way);
+    # None: the failure may not repeat (a crash, a lost peer), the next run resumes
+    needs_fix: str | None = None
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport when a write ran out of space
 
 
@@ -181,7 +194,7 @@ def summary_path(run_dir: Path) -> Path:
 
 def read_summary(run_dir: Path) -> Summary | None:
     """The current summary, or None when there is none (or it is unreadable)."""
-    data = _read_json(summary_path(run_dir))
+    data = read_json(summary_path(run_dir))
     return Summary.from_json(data) if data is not None else None
 
 
@@ -211,6 +224,10 @@ class Attempt:
 
     def node_log_dir(self, node_rank: int) -> Path:
         return self.dir / f"node{node_rank}"
+
+    def output_log(self, node_rank: int) -> Path:
+        """node<N>.log: every line of that node's torchrun stderr (the ranks' too, tracebacks included)."""
+        return self.dir / f"node{node_rank}.log"
 
     def used(self) -> bool:
         """True when another launch already left files here (reusing them would forge the verdict).
@@ -249,7 +266,7 @@ class Attempt:
 
     def read_rank(self, rank: int, fallback: dict[int, dict[str, Any]] | None = None) -> RankStatus | None:
         """The rank's record; a record line from its stderr (`fallback`, by rank) when newer or alone."""
-        data = _read_json(self.rank_path(rank))
+        data = read_json(self.rank_path(rank))
         line = (fallback or {}).get(rank)
         if line is not None and (
             data is None or float(line.get("time") or 0) >= float(data.get("time") or 0)
@@ -267,7 +284,7 @@ class Attempt:
         write_json_atomic(self.dir / PROGRESS_NAME, dataclasses.asdict(progress))
 
     def read_progress(self) -> Progress:
-        data = _read_json(self.dir / PROGRESS_NAME) or {}
+        data = read_json(self.dir / PROGRESS_NAME) or {}
         return Progress(**_known(Progress, data))
 
     # the stop request

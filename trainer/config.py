@@ -15,13 +15,14 @@ from typing import Any
 
 import yaml
 
+from trainer.config_rules import DATASETS, ConfigError, check
+
 CONFIG_DIR = Path(__file__).parent / "configs"
-# Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
-DATASETS = ("furniture_train",)
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file or key and the fix."""
+__all__ = ["CONFIG_DIR", "DATASETS", "ConfigError", "RunConfig", "load_config", "parse_set", "resolve_config"]
+# Where a value came from, for error lines and for model.pretrained (trainer/model/weights.py): "--set",
+# the config file's path, or the path + CPU_SCALE_MARK for its cpu_scale block (not the user's choice).
+CPU_SCALE_MARK = " (cpu_scale)"
+SET = "--set"
 
 
 @dataclass
@@ -170,61 +171,16 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self) -> None:
-        m, d, t = self.model, self.data, self.train
-        checks = [
-            (m.dim % m.heads == 0, "model.dim must be a multiple of model.heads"),
-            (_rope_fits(m.dim // m.heads), "model.dim / model.heads must be even with (head dim // 3) even"),
-            (m.latent_size % m.patch == 0, "model.latent_size must be a multiple of model.patch"),
-            (0 < m.action_used <= m.action_dim, "model.action_used must be in 1..model.action_dim"),
-            (m.attention in ("auto", "flex", "sdpa"), "model.attention must be auto, flex or sdpa"),
-            (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}"),
-            (
-                1 <= len(d.cameras) <= 3 and len(set(d.cameras)) == len(d.cameras),
-                "data.cameras must be 1-3 distinct of color_image1, color_image2, color_image3",
-            ),
-            (
-                1 <= self.recipe.chunk_min <= self.recipe.chunk_max,
-                "recipe.chunk_min must be in 1..recipe.chunk_max",
-            ),
-            (
-                0 <= self.recipe.window_min <= self.recipe.window_max,
-                "recipe.window_min must be in 0..recipe.window_max",
-            ),
-            (
-                self.checkpoint.export in ("none", "reference"),
-                "checkpoint.export must be none or reference",
-            ),
-            (
-                t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0,
-                "train.steps, grad_accum, batch_size must be > 0",
-            ),
-            (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
-            (
-                t.mixed_precision in ("auto", "bf16", "fp32"),
-                "train.mixed_precision must be auto, bf16 or fp32",
-            ),
-            (
-                self.checkpoint.every > 0 and self.checkpoint.keep > 0,
-                "checkpoint.every and checkpoint.keep must be > 0",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"config {self.name!r}: {message}")
-
-
-def _rope_fits(head_dim: int) -> bool:
-    """The reference's 3-axis RoPE splits head_dim as (hd - 2 (hd // 3), hd // 3, hd // 3), pairs each."""
-    third = head_dim // 3
-    return head_dim % 2 == 0 and third % 2 == 0
+    def validate(self, sources: dict[str, str] | None = None) -> None:
+        """The rules of trainer/config_rules.py (the one table); ConfigError names key, value, allowed."""
+        check(self, sources)
 
 
 def _field_types(cls) -> dict[str, typing.Any]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(value, annotation, key: str):
+def _coerce(value, annotation, key: str, source: str = ""):
     """Turn a YAML value or a --set string into the field's type, or raise ConfigError naming the key."""
     origin = typing.get_origin(annotation)
     try:
@@ -263,7 +219,7 @@ def _coerce(value, annotation, key: str):
                 value = [v for v in value.strip("[]").split(",") if v.strip()]
             if not isinstance(value, list):
                 raise ValueError
-            return [_coerce(v.strip() if isinstance(v, str) else v, item, key) for v in value]
+            return [_coerce(v.strip() if isinstance(v, str) else v, item, key, source) for v in value]
         if isinstance(annotation, types.UnionType):
             raise ValueError
     except (TypeError, ValueError):
@@ -271,11 +227,17 @@ def _coerce(value, annotation, key: str):
     else:
         return value
     name = getattr(annotation, "__name__", str(annotation))
-    raise ConfigError(f"bad value {value!r} for {key}: expected {name}")
+    kinds = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+    allowed = kinds.get(name, f"a {name}")
+    where = f"{source}: " if source else ""
+    raise ConfigError(f"{where}bad value {value!r} for {key}: {key} must be {allowed}")
 
 
-def apply_overrides(cfg: RunConfig, overrides: dict, source: str) -> None:
-    """Apply {dotted.key: value} to cfg in place; unknown keys and bad values raise ConfigError."""
+def apply_overrides(
+    cfg: RunConfig, overrides: dict, source: str, sources: dict[str, str] | None = None
+) -> None:
+    """Apply {dotted.key: value} to cfg in place; unknown keys and bad values raise ConfigError.
+    `sources` (if given) records `source` for every key set."""
     for key, value in overrides.items():
         parts = key.split(".")
         target = cfg
@@ -289,7 +251,9 @@ def apply_overrides(cfg: RunConfig, overrides: dict, source: str) -> None:
                     raise ConfigError(
                         f"{source}: {key!r} is a section; set one of its keys, e.g. {key}.<field>"
                     )
-                setattr(target, part, _coerce(value, hints[part], key))
+                setattr(target, part, _coerce(value, hints[part], key, source))
+                if sources is not None:
+                    sources[key] = source
             else:
                 target = getattr(target, part)
                 if not dataclasses.is_dataclass(target):
@@ -326,8 +290,9 @@ def config_from_dict(tree: dict[str, Any], source: str) -> RunConfig:
     tree = dict(tree)
     name = tree.pop("name", None)
     cfg = RunConfig(name=str(name) if name is not None else RunConfig().name)
-    apply_overrides(cfg, _flatten(tree), source)
-    cfg.validate()
+    sources: dict[str, str] = {}
+    apply_overrides(cfg, _flatten(tree), source, sources)
+    cfg.validate(sources)  # the same table as the launcher's (trainer/config_rules.py)
     return cfg
 
 
@@ -337,6 +302,13 @@ def available_configs() -> list[str]:
 
 def load_config(name: str, cpu_scale: bool, overrides: dict | None = None) -> RunConfig:
     """Load trainer/configs/<name>.yaml; apply its cpu_scale block when asked, then the overrides."""
+    return resolve_config(name, cpu_scale, overrides)[0]
+
+
+def resolve_config(
+    name: str, cpu_scale: bool, overrides: dict | None = None
+) -> tuple[RunConfig, dict[str, str]]:
+    """load_config, plus where each value that is not a default came from ({dotted key: source})."""
     path = CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"unknown config {name!r}: no {path} (available: {', '.join(available_configs())})")
@@ -347,11 +319,17 @@ def load_config(name: str, cpu_scale: bool, overrides: dict | None = None) -> Ru
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     cpu_block = tree.pop("cpu_scale", {}) or {}
-    cfg = RunConfig(name=name)
-    apply_overrides(cfg, _flatten(tree), str(path))
+    cfg, sources = RunConfig(name=name), dict[str, str]()
+    apply_overrides(cfg, _flatten(tree), str(path), sources)
     if cpu_scale:
-        apply_overrides(cfg, _flatten(cpu_block), f"{path} (cpu_scale)")
+        apply_overrides(cfg, _flatten(cpu_block), f"{path}{CPU_SCALE_MARK}", sources)
     if overrides:
-        apply_overrides(cfg, overrides, "--set")
-    cfg.validate()
-    return cfg
+        apply_overrides(cfg, overrides, SET, sources)
+    cfg.validate(sources)
+    return cfg, sources
+
+
+def user_set(source: str | None) -> bool:
+    """Whether a value's source is the user's own choice: --set or the config file, not its cpu_scale
+    block (the CPU variant's stand-in sizes) and not a default."""
+    return source is not None and not source.endswith(CPU_SCALE_MARK)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from trainer.attempt import PREEMPTED, Attempt, CheckpointRef, Progress, Summary
-from trainer.checkpoint import CheckpointInfo
+from trainer.attempt import PREEMPTED, Attempt, Progress, Summary, checkpoint_json
 from trainer.diskspace import OutOfSpace, guard
 from trainer.metrics import Metrics, memory_gib
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, throughput
@@ -62,7 +60,7 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
             last_step=state.step,
             final_losses=state.losses,
             resumed_from=rig.resumed.step if rig.resumed else None,
-            last_complete_checkpoint=ckpt_json(state.last_ckpt),
+            last_complete_checkpoint=checkpoint_json(state.last_ckpt),
         )
         try:
             with guard(obs.attempt.dir, "progress write", needed=len(str(progress)) + 64):
@@ -82,7 +80,7 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         first_step=rig.start_step + 1 if ran else None,
         last_step=state.step if ran else None,
         resumed_from=rig.resumed.step if rig.resumed else None,
-        last_complete_checkpoint=ckpt_json(state.last_ckpt),
+        last_complete_checkpoint=checkpoint_json(state.last_ckpt),
         final_losses=state.losses,
         wall_time_s=time.perf_counter() - started,
         timing={**summarize_timing(steady), "excludes_first_step": len(state.timings) > 1},
@@ -91,8 +89,3 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         config=rig.cfg.name,
         data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
     )
-
-
-def ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
-    ref = CheckpointRef.of(info)
-    return {"step": ref.step, "path": ref.path} if ref is not None else None

@@ -1,5 +1,6 @@
 """The rank's process around the loop: torch.distributed set-up, stop signals, test pause points, and
-the collective safe point for failed writes (agree_on_failure) and their quiet record.
+the collective safe point for failed writes (agree_on_failure) and their quiet record; the record of any
+other failure (record_failure: the traceback goes to the attempt's rank_<R>.log, never the terminal).
 
 StopRequest: SIGTERM/SIGUSR1 (or the attempt's stop request) only set a flag, acted on at a safe point.
 pause_point: the test hook (trainer/testhooks.py) that parks a rank until released.
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from trainer import testhooks
 from trainer.attempt import FAILED, Attempt, RankStatus
-from trainer.checkpoint import PeerStopped
+from trainer.checkpoint import CheckpointError, PeerStopped
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace
 
@@ -77,6 +78,38 @@ def raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
         raise failure
     if anyone:
         raise PeerStopped("another rank could not write (its record says why)")
+
+
+# Failures a rerun repeats until the input is fixed (RankStatus.needs_fix; the launcher's last line says it)
+def needs_fix(exc: BaseException) -> str | None:
+    from trainer.attention import BackendUnavailable
+    from trainer.config import ConfigError
+    from trainer.data import DatasetError
+    from trainer.data.encoder import EncoderError
+    from trainer.model.weights import PretrainedError
+
+    fixes: list[tuple[type[BaseException], str]] = [
+        (DatasetError, "the data is fixed"),
+        (EncoderError, "the data.* encoder settings are fixed"),
+        (PretrainedError, "the model.pretrained folder (or the settings it conflicts with) is fixed"),
+        (ConfigError, "the config is fixed"),
+        (CheckpointError, "the checkpoint conflict is resolved"),
+        (BackendUnavailable, "model.attention is changed"),
+    ]
+    return next((fix for cls, fix in fixes if isinstance(exc, cls)), None)
+
+
+def record_failure(attempt: Attempt, rank: int, exc: BaseException) -> None:
+    """A rank's own error: its record (the error in one line, the traceback) and the traceback in the
+    attempt's rank_<R>.log; nothing on the terminal (the launcher says the one line)."""
+    detail = traceback.format_exc()
+    error = f"{type(exc).__name__}: {exc}"
+    attempt.write_rank(RankStatus(rank, FAILED, error=error, traceback=detail, needs_fix=needs_fix(exc)))
+    try:
+        with open(attempt.dir / f"rank_{rank}.log", "a") as log:
+            log.write(detail)
+    except OSError:
+        pass  # the record (file or stderr line) carries the same traceback
 
 
 def record_quiet_failure(

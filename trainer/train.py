@@ -62,6 +62,7 @@ from trainer.rank import (
     init_distributed,
     pause_point,
     raise_if_any,
+    record_failure,
     record_quiet_failure,
 )
 from trainer.rig import LoopState, Rig, StepOutput
@@ -295,9 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         space = find_out_of_space(exc, "run", run_dir)
         if space is None and not isinstance(exc, PeerStopped):
-            error = f"{type(exc).__name__}: {exc}"
-            attempt.write_rank(RankStatus(rank, FAILED, error=error, traceback=traceback.format_exc()))
-            raise
+            if not isinstance(exc, Exception):
+                attempt.write_rank(
+                    RankStatus(rank, FAILED, error=repr(exc), traceback=traceback.format_exc())
+                )
+                raise
+            record_failure(attempt, rank, exc)  # the traceback to the attempt's files, not the terminal
+            sys.exit(1)  # torchrun stops the other ranks
         # A full disk (here or on a peer): every rank stopped at the same safe point. Said in one line by
         # the launcher from this record; the detail goes to the attempt's log, not the terminal.
         record_quiet_failure(attempt, rank, cfg, space, exc)

@@ -1,11 +1,13 @@
-"""A golden run of the UPSTREAM LingBot-VA (58c2ae5), in the file format of /work/parity/make_golden.py.
+"""A golden run of the UPSTREAM LingBot-VA (58c2ae5), in the file format tests/support/golden.py reads.
 
-Runs with the parity venv's Python (diffusers); reads the upstream model.py from the mirror at run time and
+Runs with the upstream install's Python ($LINGBOT_PARITY_DIR/venv, with diffusers; docs/model.md has the
+commands that make the install); reads the upstream model.py from its git clone
+($LINGBOT_PARITY_DIR/lingbot-va, commit 58c2ae5) at run time and
 executes it with forward_train's four bf16 input casts made fp32 (nothing of it is in this tree), the
 self-attention mask from its own FlexAttnFunc._get_mask_mod evaluated densely for SDPA, the cross-attention
 mask of its flex path (own sample's prompt, all 512 positions), and its own Trainer.compute_loss:
 
-    PYTHONPATH=. /work/parity/venv/bin/python tests/support/reference_golden.py /tmp/own_golden
+    PYTHONPATH=. "$LINGBOT_PARITY_DIR/venv/bin/python" tests/support/reference_golden.py /tmp/own_golden
     LINGBOT_GOLDEN_DIR=/tmp/own_golden .venv/bin/python -m tests.support.golden   # -> tests/fixtures
 """
 
@@ -22,14 +24,17 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from safetensors.torch import save_file
 
-from bench.bench_reference import _import_reference, _reference_compute_loss
+from bench.bench_reference import PARITY, PARITY_SETUP, _import_reference, _reference_compute_loss
 from trainer.masks import dense_mask
 
+if PARITY is None:
+    sys.exit(f"LINGBOT_PARITY_DIR is not set; make the upstream install with: {PARITY_SETUP}")
+UPSTREAM = PARITY / "lingbot-va"
 torch.set_num_threads(2)
 _, Sched, get_mesh_id, data_seq_to_patch = _import_reference()
 # upstream model.py with forward_train's four `.to(torch.bfloat16)` input casts made fp32 (nothing else)
 src = subprocess.run(
-    ["git", "--git-dir=/work/.mirror/hewu2008+lingbot-va/repo", "show", "58c2ae5:wan_va/modules/model.py"],
+    ["git", "-C", str(UPSTREAM), "show", "58c2ae5:wan_va/modules/model.py"],
     capture_output=True,
     text=True,
     check=True,
@@ -40,7 +45,7 @@ RM.__file__ = "model.py"
 exec(
     compile(
         src.replace(".to(torch.bfloat16)", ".to(torch.float32)"),
-        "/work/parity/lingbot-va/wan_va/modules/model.py",
+        str(UPSTREAM / "wan_va" / "modules" / "model.py"),
         "exec",
     ),
     RM.__dict__,

@@ -67,24 +67,36 @@ def ensure_dataset(cfg) -> list[Path]:
     if files:
         return files
     if not cfg.data.generate_if_missing:
-        raise DatasetError(
-            f"{root}: no {task} episodes ({task}/<timestamp>/<timestamp>.pkl, <timestamp>/<timestamp>.pkl "
-            f"or *.pkl; data.generate_if_missing is off); generate some with "
-            f"`python -m trainer.data.generate {root} --episodes N --task {task}` or fix data.path"
-        )
+        raise DatasetError(missing_episodes(cfg, root) or "")
     with dataset_lock(root):
         files = discover(root, task).files  # another rank may have generated meanwhile
         if not files:
-            if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
-                raise DatasetError(
-                    f"{root}: the directory exists but holds no {task} episodes (looked for {task}/, "
-                    f"timestamped collector folders and *.pkl); point data.path elsewhere or set data.task"
-                )
+            problem = missing_episodes(cfg, root)
+            if problem:
+                raise DatasetError(problem)
             generate_dataset(
                 root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
             )
             files = discover(root, task).files
     return files
+
+
+def missing_episodes(cfg, root: Path) -> str | None:
+    """Why `root`, which holds no episodes of data.task, cannot get them (None: they may be generated).
+    The launcher's preflight asks this too (trainer/launcher/inputs.py)."""
+    task = cfg.data.task
+    if not cfg.data.generate_if_missing:
+        return (
+            f"{root}: no {task} episodes ({task}/<timestamp>/<timestamp>.pkl, <timestamp>/<timestamp>.pkl "
+            f"or *.pkl; data.generate_if_missing is off); generate some with "
+            f"`python -m trainer.data.generate {root} --episodes N --task {task}` or fix data.path"
+        )
+    if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
+        return (
+            f"{root}: the directory exists but holds no {task} episodes (looked for {task}/, "
+            f"timestamped collector folders and *.pkl); point data.path elsewhere or set data.task"
+        )
+    return None
 
 
 def _seeded(*parts: int) -> torch.Generator:

@@ -48,31 +48,34 @@ from trainer.attempt import (
     PREEMPTED,
     PREFLIGHT_FAILED,
     Attempt,
-    Summary,
     prune_attempts,
     read_summary,
     summary_path,
-    write_summary,
 )
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
-from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
+from trainer.config import CONFIG_DIR, ConfigError, RunConfig, parse_set, resolve_config
 from trainer.launcher import early, nodes, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
+from trainer.launcher.inputs import inputs_check
 from trainer.launcher.preflight import check_run_dir, env_checks, space_check
 from trainer.launcher.rendezvous import rendezvous
 from trainer.launcher.resolved import Known, Launch
 from trainer.launcher.summaries import (
+    CONFIG_ERROR_NEXT,
+    next_run_line,
     preflight_failed,
     settle_finished_run,
+    stopped_before_start,
     write_final_summary,
     write_running_summary,
 )
 from trainer.launcher.verdict import Verdict
+from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10
 
@@ -131,41 +134,44 @@ def _launch(argv: list[str], known: Known) -> int:
             raise StopBeforeStart(came_early)
         return _main(args, started, known)
     except StopBeforeStart as exc:
-        say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED})")
+        known.report = stopped_before_start(known.run_dir, known.cfg, args.config, str(exc), started)
+        say(f"received {exc} before any rank started: stopping; nothing was trained (exit {EXIT_PREEMPTED}); "
+            + next_run_line(known.run_dir, known.cfg))  # fmt: skip
         environ = dict(os.environ)
         if environ.get("SLURM_JOB_ID") and int(environ.get("SLURM_NODEID") or 0) == 0:
             say(supervise.slurm_after_stop([str(exc)], environ, args.no_requeue))
-        summary = Summary(
-            PREEMPTED,
-            steps_requested=known.cfg.train.steps if known.cfg is not None else 0,
-            reason=f"received {exc} before any rank started",
-            wall_time_s=time.perf_counter() - started,
-            config=known.cfg.name if known.cfg is not None else args.config,
-        )
-        known.report = summary.to_json()
-        if known.cfg is not None and known.run_dir is not None and known.run_dir.is_dir():
-            write_summary(known.run_dir, summary)
         return EXIT_PREEMPTED
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool]:
-    """The checked config (ConfigError: exit 2), and whether its cpu_scale block applies."""
+def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, PretrainedError | None]:
+    """The checked config (ConfigError, PretrainedConflict: exit 2), whether its cpu_scale block applies,
+    and a model.pretrained folder that cannot be read (judged in the preflight: exit 3)."""
     # On a machine without a GPU the config's cpu_scale block applies unless asked otherwise.
     cpu_scale = args.cpu_scale if args.cpu_scale is not None else (args.sbatch is None and gpus == 0)
-    cfg = load_config(args.config, cpu_scale=cpu_scale, overrides=parse_set(args.set))
-    return cfg, cpu_scale
+    cfg, sources = resolve_config(args.config, cpu_scale=cpu_scale, overrides=parse_set(args.set))
+    try:  # the dimensions come from its config.json; only a value the user set can conflict
+        apply_pretrained_config(cfg, sources)
+    except PretrainedConflict as exc:
+        raise ConfigError(str(exc)) from exc
+    except PretrainedError as exc:
+        return cfg, cpu_scale, exc
+    try:
+        cfg.validate(sources)
+    except ConfigError as exc:  # a dimension from config.json that this trainer cannot build
+        return cfg, cpu_scale, PretrainedError(f"{cfg.model.pretrained}: {exc}")
+    return cfg, cpu_scale, None
 
 
 def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     environ = dict(os.environ)
     gpus = 0 if args.sbatch is not None else gpu_count()
     try:
-        cfg, cpu_scale = _load(args, gpus)
+        cfg, cpu_scale, unusable_weights = _load(args, gpus)
     except ConfigError as exc:
-        say(f"error: {exc}")
+        say(f"error: {exc}; {CONFIG_ERROR_NEXT}")
         known.report = {"error": str(exc)}
         return EXIT_USAGE
     if args.sbatch is not None:
@@ -195,11 +201,13 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
 
     try:
         check_run_dir(run_dir)
-    except PreflightError as exc:
-        say(f"preflight failed: {exc}")
+    except PreflightError as exc:  # nothing can be written: the run dir itself is the problem
+        say(f"preflight failed: {exc}; the next run fails the same way until the run dir is usable")
         known.report = {"status": PREFLIGHT_FAILED, "error": str(exc)}
         return EXIT_PREFLIGHT
     try:
+        if unusable_weights is not None:
+            raise PreflightError(str(unusable_weights))
         launch = _preflight(args, cfg, run_dir, environ, gpus, cpu_scale)
         if args.preflight_only:
             say(f"preflight passed on {socket.gethostname()} (--preflight-only: no rank started)")
@@ -246,6 +254,8 @@ def _preflight(
         conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+    for note in inputs_check(cfg):  # the data and the weights, as far as they judge without reading them
+        say(note)
     if args.preflight_only:
         supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
     choice = resolve_env(args.env, args.prefix, environ)
@@ -312,7 +322,7 @@ def _run(
     say(f"run dir {launch.run_dir}; attempt {rdzv.attempt}; {rdzv.nnodes} node(s) x {args.nproc} rank(s)")
     say("$ " + shlex.join(command))
 
-    torchrun = supervise.Torchrun(command, launch.env, attempt)
+    torchrun = supervise.Torchrun(command, launch.env, attempt, log=attempt.output_log(rdzv.node_rank))
     rc = torchrun.wait()
     result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = EXIT_CODES[result.status]
@@ -325,55 +335,43 @@ def _run(
                         "attempt": attempt.id, "failed_rank": result.failed_rank}  # fmt: skip
     for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
         say(note)
-    _report(launch, result, args, environ, signals)
+    _report(launch, attempt, result, args, environ, signals)
     return exit_code
 
 
 def _report(
-    launch: Launch, result: Verdict, args: argparse.Namespace, environ: dict[str, str], signals: list[str]
+    launch: Launch,
+    attempt: Attempt,
+    result: Verdict,
+    args: argparse.Namespace,
+    environ: dict[str, str],
+    signals: list[str],
 ) -> None:
     for note in result.notes:
         say(note)
     summary = summary_path(launch.run_dir)
     if result.status == COMPLETED:
         say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
-    elif result.status == PREEMPTED:
-        say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
+        return
+    if result.status == PREEMPTED:
+        say(f"preempted ({result.reason}), exit {EXIT_PREEMPTED}: run the same command again; "
+            + next_run_line(launch.run_dir, launch.cfg))  # fmt: skip
         if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
             say(supervise.slurm_after_stop(signals, environ, args.no_requeue))
-    elif result.out_of_space:
-        say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed, the fix
-    else:
-        say(f"FAILED: {result.reason}")
-        if result.rank_error and result.rank_error.strip() != (result.reason or "").strip():
-            say("error of that rank:\n" + result.rank_error.rstrip())
-        say(f"summary {summary}; the next run resumes from the last complete checkpoint")
+        return
+    # one line: the failing rank's error (out of space: filesystem, path, free, needed, the fix) and what
+    # the next run does; the tracebacks stay in the attempt's files
+    needs_fix = "there is room" if result.out_of_space else result.needs_fix
+    say(f"FAILED: {result.reason} (tracebacks and the ranks' output: {attempt.dir}/, summary: {summary}); "
+        + next_run_line(launch.run_dir, launch.cfg, needs_fix))  # fmt: skip
 
 
 def write_sbatch(args: argparse.Namespace, known: Known) -> int:
     from trainer.launcher.sbatch import SbatchPathError, SbatchRequest
     from trainer.launcher.sbatch import write_sbatch as write_script
 
-    request = SbatchRequest(
-        config=args.config,
-        nproc=args.nproc,
-        repo_root=repo_root(),
-        nnodes=args.nnodes or 1,
-        time_limit=args.time,
-        partition=args.partition,
-        account=args.account,
-        env_name=args.env,
-        prefix=args.prefix,
-        require_env=args.require_env,
-        run_dir=args.run_dir,
-        sets=list(args.set),
-        cpu_scale=args.cpu_scale,
-        cpus_per_task=args.cpus_per_task,
-        gpus_per_node=args.gpus_per_node,
-        signal_lead_s=args.signal_lead,
-    )
     try:
-        script, path = write_script(request, args.sbatch)
+        script, path = write_script(SbatchRequest.from_args(args, repo_root()), args.sbatch)
     except SbatchPathError as exc:
         say(f"error: {exc}")
         known.report = {"error": str(exc)}

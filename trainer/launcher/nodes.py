@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from provision.atomic import write_json_atomic
-from trainer.attempt import COMPLETED, EXIT_CODES, FAILED, PREEMPTED, Attempt
+from trainer.attempt import COMPLETED, EXIT_CODES, FAILED, PREEMPTED, Attempt, read_json
 from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch
-from trainer.launcher.verdict import Verdict, read_json, verdict
+from trainer.launcher.verdict import Verdict, verdict
 
 NODE_WAIT_S = 120.0  # after node 0's ranks are done: another node's ranks are past the last barrier too
 NODE_WAIT_FAILED_S = 10.0  # after a failure: the others' reports only add detail (they may hang)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 EXIT_PREFLIGHT = 3
 EXIT_STOPPED = 75
@@ -56,6 +57,28 @@ class SbatchRequest:
     cpus_per_task: int | None = None
     gpus_per_node: int | None = None
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+
+    @classmethod
+    def from_args(cls, args: Any, repo_root: Path) -> SbatchRequest:
+        """From bin/train's parsed command line (trainer/launcher/cli.py)."""
+        return cls(
+            config=args.config,
+            nproc=args.nproc,
+            repo_root=repo_root,
+            nnodes=args.nnodes or 1,
+            time_limit=args.time,
+            partition=args.partition,
+            account=args.account,
+            env_name=args.env,
+            prefix=args.prefix,
+            require_env=args.require_env,
+            run_dir=args.run_dir,
+            sets=list(args.set),
+            cpu_scale=args.cpu_scale,
+            cpus_per_task=args.cpus_per_task,
+            gpus_per_node=args.gpus_per_node,
+            signal_lead_s=args.signal_lead,
+        )
 
     def resolved_run_dir(self) -> Path:
         return (

@@ -1,5 +1,11 @@
 """The summaries the launcher writes (RUN_DIR/summary.json through trainer.attempt.Summary): a preflight
-failure, `running` before any rank starts, a finished run settled, and the final verdict."""
+failure, a stop before any rank started, `running` before any rank starts, a finished run settled, and
+the final verdict. (Rank 0 writes its own at the end of the loop: trainer/observe.py.)
+
+And the last line of every outcome, `next_run_line`: what the next run of the same command will do,
+from what is on disk: resume from step N (named), start fresh, find the run complete, or fail the same
+way until the named fix is made.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,12 @@ from typing import Any
 from trainer.attempt import (
     COMPLETED,
     EXIT_PREFLIGHT,
+    PREEMPTED,
     PREFLIGHT_FAILED,
     RUNNING,
     Attempt,
-    CheckpointRef,
     Summary,
+    checkpoint_json,
     read_summary,
     summary_path,
     write_summary,
@@ -27,15 +34,29 @@ from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch
 from trainer.launcher.verdict import Verdict
 
+# the last line of a config error (exit 2): nothing is on disk to resume or to start from
+CONFIG_ERROR_NEXT = "nothing was written; the same command fails the same way until that value is fixed"
 
-def _ckpt_json(info: object) -> dict[str, object] | None:
-    ref = CheckpointRef.of(info)
-    return dataclasses.asdict(ref) if ref else None
+
+def next_run_line(run_dir: Path | None, cfg: RunConfig | None, needs_fix: str | None = None) -> str:
+    """What the next run of the same command will do, from the checkpoints on disk; with `needs_fix`, it
+    fails the same way until that is fixed, and this says what it does then."""
+    if run_dir is None or cfg is None:
+        return "nothing was written; the next run starts fresh"
+    complete, _ = scan(run_dir / "checkpoints")
+    if complete and complete[-1].step >= cfg.train.steps:
+        then = f"finds the run complete ({complete[-1].path}, step {complete[-1].step}) and trains nothing"
+    elif complete:
+        then = f"resumes from step {complete[-1].step} ({complete[-1].path})"
+    else:
+        then = f"starts fresh (no complete checkpoint in {run_dir / 'checkpoints'})"
+    if needs_fix:
+        return f"the next run fails the same way until {needs_fix}; then it {then}"
+    return f"the next run {then}"
 
 
 def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float) -> int:
     """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
-    say(f"preflight failed: {message}")
     before = read_summary(run_dir)
     previous = before.to_json(stamp=False) if before else None
     if before and before.status == PREFLIGHT_FAILED:
@@ -48,7 +69,7 @@ def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float
                 PREFLIGHT_FAILED,
                 steps_requested=cfg.train.steps,
                 reason=message,
-                last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
+                last_complete_checkpoint=checkpoint_json(complete[-1]) if complete else None,
                 wall_time_s=time.perf_counter() - started,
                 previous_status=previous.get("status") if previous else None,
                 previous=previous,  # the last real run's outcome (losses, steps) is kept, not overwritten
@@ -57,7 +78,28 @@ def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float
         )
     except OSError as exc:
         say(f"could not write the summary: {exc}")
+    say(f"preflight failed: {message}; " + next_run_line(run_dir, cfg, needs_fix="that is fixed"))
     return EXIT_PREFLIGHT
+
+
+def stopped_before_start(
+    run_dir: Path | None, cfg: RunConfig | None, config: str, signal_name: str, started: float
+) -> dict[str, Any]:
+    """A stop signal before any rank started: nothing was trained. Recorded in summary.json when the run
+    dir exists (a config was loaded); returns the summary object (the --json report)."""
+    summary = Summary(
+        PREEMPTED,
+        steps_requested=cfg.train.steps if cfg is not None else 0,
+        reason=f"received {signal_name} before any rank started",
+        wall_time_s=time.perf_counter() - started,
+        config=cfg.name if cfg is not None else config,
+    )
+    if cfg is not None and run_dir is not None and run_dir.is_dir():
+        try:
+            write_summary(run_dir, summary)
+        except OSError as exc:
+            say(f"could not write the summary: {exc}")
+    return summary.to_json()
 
 
 def settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: float) -> None:
@@ -75,7 +117,7 @@ def settle_finished_run(run_dir: Path, cfg: RunConfig, latest: Any, started: flo
                 steps_requested=cfg.train.steps,
                 reason=f"checkpoint step {latest.step} is complete; summary.json said "
                 f"{before.status if before else 'nothing'} (an attempt ended after that save)",
-                last_complete_checkpoint=_ckpt_json(latest),
+                last_complete_checkpoint=checkpoint_json(latest),
                 final_losses=losses,
                 wall_time_s=time.perf_counter() - started,
                 config=cfg.name,
@@ -126,7 +168,7 @@ def write_final_summary(
             last_step=progress.last_step,
             resumed_from=progress.resumed_from,
             final_losses=progress.final_losses,
-            last_complete_checkpoint=_ckpt_json(complete[-1]) if complete else None,
+            last_complete_checkpoint=checkpoint_json(complete[-1]) if complete else None,
         )
     summary = dataclasses.replace(
         base,

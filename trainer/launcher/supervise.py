@@ -35,14 +35,15 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
 
 from trainer import testhooks
 from trainer.attempt import Attempt, parse_record_line
-from trainer.launcher.console import say
+from trainer.launcher.console import TracebackFilter, say
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
@@ -83,8 +84,9 @@ class Torchrun:
     """torchrun as a child in its own session; stop requests go to the ranks, not to torchrun itself
     (torchrun answers SIGTERM by signalling the ranks and SIGKILLing them 30 s later, mid-save)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], attempt: Attempt):
+    def __init__(self, command: list[str], env: dict[str, str], attempt: Attempt, log: Path | None = None):
         self.attempt = attempt
+        self.log = log  # every line of torchrun's stderr; the terminal gets it without tracebacks
         self.signals: list[str] = []
         self.stderr_tail: deque[str] = deque(maxlen=400)
         self.record_lines: dict[int, dict[str, Any]] = {}  # rank records a rank could only print (disk full)
@@ -111,16 +113,28 @@ class Torchrun:
             self._stop_if_no_rank_started()
 
     def _copy_stderr(self) -> None:
-        # The ranks' stderr comes through torchrun: pass it on, keep the end to name a killed rank.
+        # The ranks' stderr comes through torchrun: to the log, to the terminal without tracebacks (the
+        # launcher says a failure in one line); keep the end to name a killed rank.
         assert self.proc is not None and self.proc.stderr is not None
+        tracebacks = TracebackFilter()
+        log = _open_log(self.log)
         for line in self.proc.stderr:
             record = parse_record_line(line)
             if record is not None:  # a rank's record, not for the terminal
                 self.record_lines[record["rank"]] = record
                 continue
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if log is not None:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError:  # a full disk: the terminal still gets the line
+                    log = None
+            if tracebacks.keep(line):
+                sys.stderr.write(line)
+                sys.stderr.flush()
             self.stderr_tail.append(line)
+        if log is not None:
+            log.close()
 
     def request_stop(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -202,6 +216,15 @@ class Torchrun:
                 pass
         psutil.wait_procs(left, timeout=30)
         return [p.pid for p in left]
+
+
+def _open_log(path: Path | None) -> TextIO | None:
+    if path is None:
+        return None
+    try:
+        return open(path, "a", encoding="utf-8")
+    except OSError:
+        return None
 
 
 def _signal_name(number: int) -> str:

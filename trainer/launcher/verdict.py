@@ -11,7 +11,6 @@ ranks exit, while rank 0 may still be writing the summary (node 0 judges that; t
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from trainer.attempt import (
     Attempt,
     RankStatus,
     Summary,
+    read_json,
     read_summary,
 )
 
@@ -48,14 +48,7 @@ class Verdict:
     rank_error: str | None = None
     notes: list[str] = field(default_factory=list)
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    needs_fix: str | None = None  # the failing rank's RankStatus.needs_fix: a rerun fails the same way
 
 
 def torchrun_error_files(attempt_dir: Path, nproc: int) -> dict[int, dict[str, Any]]:
@@ -171,10 +164,12 @@ def _failure(
         unfinished = ", ".join(f"rank {r}: {s}" for r, s in states.items() if s != COMPLETED)
         return Verdict(FAILED, reason=f"torchrun exited {rc} but not every rank finished ({unfinished})")
     others = [f"rank {r}: {s}" for r, s in states.items() if r != rank]
+    record = records.get(rank)
     return Verdict(
         FAILED,
         reason=f"rank {rank} failed: {error.splitlines()[0] if error else '?'}",
         failed_rank=rank,
         rank_error=error,
         notes=[f"other ranks: {', '.join(others)}"] if others else [],
+        needs_fix=record.needs_fix if record is not None and record.status == FAILED else None,
     )

@@ -41,6 +41,10 @@ class PretrainedError(ValueError):
     """A pretrained folder that cannot be used as asked; the message names the file/tensor and the fix."""
 
 
+class PretrainedConflict(PretrainedError):
+    """A model.* value the user set differs from the folder's config.json: a config error (exit 2)."""
+
+
 def canonical_name(name: str) -> str:
     """A parameter name without activation-checkpoint / compile / FSDP wrapper prefixes."""
     for prefix in WRAPPER_PREFIXES:
@@ -144,28 +148,39 @@ def read_config_json(folder: Path) -> dict:
     return conf
 
 
-def apply_pretrained_config(cfg) -> Path | None:
+def apply_pretrained_config(cfg, sources: dict[str, str] | None = None) -> Path | None:
     """With model.pretrained set: take the dimensions from its config.json (in place); returns the folder.
 
-    A model.* field that differs from config.json AND from the ModelConfig default was set by the config
-    file or --set: that is a conflict, reported with both values. (Setting a field to its default value
-    cannot be told apart from not setting it; such a value is overridden silently by config.json.)
+    `sources` (trainer.config.resolve_config: where each value came from; the launcher passes it): only a
+    value the user set (--set, or the config file itself, not its cpu_scale block) that differs from
+    config.json is a conflict, PretrainedConflict naming both (exit 2). Without `sources` (a rank reading
+    the launcher's resolved config.json, tests, bench): a value that differs from config.json and from
+    the ModelConfig default is a conflict. Any other value gives way to config.json.
     """
     if not cfg.model.pretrained:
         return None
+    from trainer.config import user_set
+
     folder = resolve_transformer_dir(cfg.model.pretrained)
     wanted = fields_from_config_json(read_config_json(folder), folder / CONFIG_NAME)
     defaults = type(cfg.model)()
+
+    def chosen(key: str) -> bool:
+        if sources is not None:
+            return user_set(sources.get(f"model.{key}"))
+        return getattr(cfg.model, key) != getattr(defaults, key)
+
     conflicts = [
-        f"model.{key}={getattr(cfg.model, key)!r} but {folder / CONFIG_NAME} says {value!r}"
+        f"{(sources or {}).get(f'model.{key}', 'config')} sets model.{key}={getattr(cfg.model, key)!r} but "
+        f"{folder / CONFIG_NAME} says {value!r}"
         for key, value in wanted.items()
-        if getattr(cfg.model, key) != value and getattr(cfg.model, key) != getattr(defaults, key)
+        if getattr(cfg.model, key) != value and chosen(key)
     ]
     if conflicts:
-        raise PretrainedError(
+        raise PretrainedConflict(
             "model.pretrained fixes the model's dimensions: "
             + "; ".join(conflicts)
-            + " (remove these model.* settings / --set, or train without model.pretrained)"
+            + " (drop those model.* settings, or train without model.pretrained)"
         )
     for key, value in wanted.items():
         setattr(cfg.model, key, value)

@@ -1,0 +1,127 @@
+"""The one table of config rules (trainer/config_rules.py): every RunConfig field has a rule or a stated
+reason why no value of it can be judged without data or weights; every rule's bad value is refused by
+bin/train's launcher before anything else (exit 2, one line naming where it came from, the key, the value
+and what is allowed, nothing written), and by a rank reading the same value from config.json (the same
+table, the same line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+
+import pytest
+
+from trainer.attempt import Attempt
+from trainer.config import ConfigError, RunConfig, load_config, resolve_config
+from trainer.config_rules import CAMERA_NAMES, RULES, Free, Rule
+from trainer.data.furniturebench import CAMERAS
+from trainer.launcher import main as launch
+
+pytestmark = pytest.mark.fast
+
+
+def field_keys(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    """Every leaf field of RunConfig as a dotted key (sections recursed)."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += field_keys(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+JUDGED = [key for key, rule in RULES.items() if isinstance(rule, Rule)]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for var in list(os.environ):
+        if var.startswith(("SLURM_", "LINGBOT_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("CONDA_ENVS_PATH", str(tmp_path / "envs"))
+    monkeypatch.setattr(launch, "gpu_count", lambda: 0)
+
+
+def test_every_field_has_a_rule_or_a_reason_and_nothing_else():
+    fields = field_keys()
+    assert not set(fields) - set(RULES), (
+        f"fields without a rule or a reason in RULES: {set(fields) - set(RULES)}"
+    )
+    assert not set(RULES) - set(fields), (
+        f"rules for fields RunConfig does not have: {set(RULES) - set(fields)}"
+    )
+    for key, rule in RULES.items():
+        if isinstance(rule, Free):
+            assert len(rule.why) > 20, f"{key}: say why no value of it can be judged here"
+        else:
+            assert rule.allowed and rule.bad is not None, key
+
+
+def test_the_shipped_config_passes_its_own_rules():
+    for cpu_scale in (False, True):
+        load_config("furniture_train", cpu_scale=cpu_scale)  # raises on any violation
+
+
+def test_camera_names_are_the_readers():
+    assert CAMERA_NAMES == CAMERAS
+
+
+@pytest.mark.parametrize("key", JUDGED)
+def test_the_launcher_refuses_each_bad_value_first_with_exit_2_and_writes_nothing(key, tmp_path, capsys):
+    rule = RULES[key]
+    assert isinstance(rule, Rule)
+    run_dir = tmp_path / "run"
+    code = launch.main(["furniture_train", "2", "--run-dir", str(run_dir), "--set", f"{key}={rule.bad}"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert not run_dir.exists()  # nothing written, not even the run dir
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert key in lines[0] and "--set" in lines[0] and f"must be {rule.allowed}" in lines[0], lines[0]
+    assert "fails the same way until that value is fixed" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "item, shown",
+    [("train.lr=-1", "train.lr=-1.0"), ("recipe.video_shift=-5", "recipe.video_shift=-5.0"),
+     ("data.cameras=[nope]", "data.cameras=['nope']")],
+)  # fmt: skip
+def test_the_values_of_the_report_are_refused_with_key_value_and_allowed(item, shown, tmp_path, capsys):
+    assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), "--set", item]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("[bin/train] error: --set: " + shown + " is not allowed"), line
+
+
+def test_a_rank_judges_its_config_json_with_the_same_table(tmp_path):
+    cfg, _ = resolve_config("furniture_train", cpu_scale=True)
+    data = cfg.to_dict()
+    data["train"]["lr"] = -1.0
+    attempt = Attempt(tmp_path / "attempt")
+    attempt.dir.mkdir()
+    (attempt.dir / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as exc:
+        attempt.read_config()
+    assert "train.lr=-1.0 is not allowed: train.lr must be > 0" in str(exc.value)
+    assert str(attempt.dir / "config.json") in str(exc.value)
+
+
+def test_a_type_error_names_its_source_key_value_and_type():
+    with pytest.raises(ConfigError) as exc:
+        load_config("furniture_train", cpu_scale=True, overrides={"train.compile": "maybe"})
+    assert str(exc.value) == "--set: bad value 'maybe' for train.compile: train.compile must be true or false"
+
+
+def test_a_value_from_the_config_file_is_named_by_its_file(tmp_path, monkeypatch):
+    from trainer import config
+
+    (tmp_path / "mine.yaml").write_text("train:\n  lr: -2\ncpu_scale:\n  train:\n    warmup_steps: -1\n")
+    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=r"mine\.yaml: train\.lr=-2\.0 is not allowed"):
+        load_config("mine", cpu_scale=False)
+    with pytest.raises(ConfigError, match=r"mine\.yaml \(cpu_scale\): train\.warmup_steps=-1"):
+        load_config("mine", cpu_scale=True, overrides={"train.lr": "1e-3"})

@@ -1,0 +1,243 @@
+"""The one table of rules for RunConfig values that can be judged without data or weights.
+
+Every field of RunConfig (trainer/config.py) has an entry, keyed by its dotted name:
+    Rule(allowed, ok, bad)   ok(value, cfg) says whether the value is allowed; `allowed` is what the error
+                             says; `bad` is a --set value that breaks the rule (tests/test_config_rules.py
+                             walks every one). ok=None: the field's type alone judges it (a bool).
+    Free(why)                no value is judgeable here; `why` says why, and where it is judged (the
+                             preflight, when it needs the data or the weights: exit 3)
+
+    problems = violations(cfg, sources)    # [one line per broken rule], in field order
+    check(cfg, sources)                    # ConfigError with the first one (RunConfig.validate calls it)
+
+The launcher checks a config with this table before anything else (exit 2, nothing written) and a rank
+checks its config.json with the same table (RunConfig.validate): one table, no second copy. The line
+names where the value came from (`sources`: "--set", the config file, its cpu_scale block), the key, the
+value and what is allowed. A type error (`train.steps=many`) is judged earlier, by the coercion in
+trainer/config.py, with a line of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
+
+# Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
+DATASETS = ("furniture_train",)
+# FurnitureBench's camera views (trainer/data/furniturebench.py CAMERAS must equal this; a test checks).
+CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
+ATTENTION = ("auto", "flex", "sdpa")
+ENCODERS = ("patch_mean", "wan_vae")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file or key and the fix (trainer.config)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    allowed: str
+    ok: Callable[[Any, RunConfig], bool] | None
+    bad: str
+
+
+@dataclass(frozen=True)
+class Free:
+    why: str
+
+
+def _positive(v: Any, c: Any) -> bool:
+    return bool(v > 0)
+
+
+def _non_negative(v: Any, c: Any) -> bool:
+    return bool(v >= 0)
+
+
+def _fraction(v: Any, c: Any) -> bool:
+    return bool(0 <= v <= 1)
+
+
+def _one_of(*names: str) -> Rule:
+    return Rule("one of " + ", ".join(names), lambda v, c: v in names, "nope")
+
+
+BOOL = Rule("true or false", None, "maybe")
+POSITIVE = Rule("> 0", _positive, "0")
+NON_NEGATIVE = Rule(">= 0", _non_negative, "-1")
+FRACTION = Rule("in 0..1", _fraction, "1.5")
+
+
+def rope_fits(head_dim: int) -> bool:
+    """The reference's 3-axis RoPE splits head_dim as (hd - 2 (hd // 3), hd // 3, hd // 3), pairs each."""
+    third = head_dim // 3
+    return head_dim % 2 == 0 and third % 2 == 0
+
+
+def _dim_ok(v: int, c: Any) -> bool:
+    heads = c.model.heads
+    return v > 0 and heads > 0 and v % heads == 0 and rope_fits(v // heads)
+
+
+def _cameras_ok(v: list[str], c: Any) -> bool:
+    return 1 <= len(v) <= 3 and len(set(v)) == len(v) and all(cam in CAMERA_NAMES for cam in v)
+
+
+def _betas_ok(v: list[float], c: Any) -> bool:
+    return len(v) == 2 and all(0 <= b < 1 for b in v)
+
+
+_PATHS = "a path: judged where it is read (the preflight or the data preparation), not here"
+
+RULES: dict[str, Rule | Free] = {
+    "name": Free("any name: it labels the run (the config file's name by default)"),
+    # model
+    "model.dim": Rule(
+        "> 0, a multiple of model.heads, with head dim (dim / heads) even and (head dim // 3) even "
+        "(the reference's 3-axis RoPE)",
+        _dim_ok,
+        "100",
+    ),
+    "model.depth": POSITIVE,
+    "model.heads": POSITIVE,
+    "model.ffn_dim": POSITIVE,
+    "model.text_dim": POSITIVE,
+    "model.freq_dim": Rule("> 0 and even (cos | sin halves)", lambda v, c: v > 0 and v % 2 == 0, "7"),
+    "model.cross_attn_norm": BOOL,
+    "model.eps": Rule("> 0", _positive, "0"),
+    "model.rope_max_seq_len": POSITIVE,
+    "model.latent_channels": POSITIVE,
+    "model.latent_size": Rule(
+        "> 0 and a multiple of model.patch",
+        lambda v, c: v > 0 and c.model.patch > 0 and v % c.model.patch == 0,
+        "7",
+    ),
+    "model.patch": POSITIVE,
+    "model.patch_t": Rule("1 (the released value; no other is supported)", lambda v, c: v == 1, "2"),
+    "model.action_dim": POSITIVE,
+    "model.action_used": Rule("in 1..model.action_dim", lambda v, c: 0 < v <= c.model.action_dim, "0"),
+    "model.text_mask": BOOL,
+    "model.pretrained": Free(
+        "a folder: the preflight reads its config.json (exit 3 when unusable); a model.* value you set "
+        "that differs from it is exit 2 (trainer/model/weights.py apply_pretrained_config)"
+    ),
+    "model.attn_block": POSITIVE,
+    "model.attention": _one_of(*ATTENTION),
+    "model.activation_checkpointing": BOOL,
+    # recipe
+    "recipe.num_train_timesteps": POSITIVE,
+    "recipe.video_shift": Rule("> 0 (the scheduler's SNR shift)", _positive, "-5"),
+    "recipe.action_shift": Rule("> 0 (the scheduler's SNR shift)", _positive, "0"),
+    "recipe.loss_weighting": _one_of("reference", "none"),
+    "recipe.sigma_per": _one_of("frame", "sample_frame"),
+    "recipe.noisy_history_prob": FRACTION,
+    "recipe.noisy_history_min": Rule(
+        "in 0..recipe.noisy_history_max", lambda v, c: 0 <= v <= c.recipe.noisy_history_max, "-0.5"
+    ),
+    "recipe.noisy_history_max": FRACTION,
+    "recipe.chunk_min": Rule("in 1..recipe.chunk_max", lambda v, c: 1 <= v <= c.recipe.chunk_max, "0"),
+    "recipe.chunk_max": POSITIVE,
+    "recipe.window_min": Rule("in 0..recipe.window_max", lambda v, c: 0 <= v <= c.recipe.window_max, "-1"),
+    "recipe.window_max": POSITIVE,
+    "recipe.text_dropout": FRACTION,
+    "recipe.action_clip": POSITIVE,
+    "recipe.action_rope": _one_of("reference", "aligned"),
+    # data
+    "data.dataset": _one_of(*DATASETS),
+    "data.path": Rule("a non-empty path (" + _PATHS + ")", lambda v, c: bool(v.strip()), ""),
+    "data.generate_if_missing": BOOL,
+    "data.generated_episodes": POSITIVE,
+    "data.generated_length": POSITIVE,
+    "data.task": Free("a furniture name: judged against the episodes found (trainer/data/discovery.py)"),
+    "data.cameras": Rule(
+        "1-3 distinct of "
+        + ", ".join(CAMERA_NAMES)
+        + " (which of them the files have is judged with the data)",
+        _cameras_ok,
+        "[nope]",
+    ),
+    "data.include_failed": BOOL,
+    "data.prompt": Free("any text: the instruction embedded for every clip"),
+    "data.frames": POSITIVE,
+    "data.actions_per_frame": POSITIVE,
+    "data.encoder": Rule(
+        "one of " + ", ".join(ENCODERS) + " (wan_vae needs data.vae_path)",
+        lambda v, c: v in ENCODERS and (v != "wan_vae" or bool(c.data.vae_path)),
+        "nope",
+    ),
+    "data.vae_path": Free(_PATHS),
+    "data.text_encoder": Free(_PATHS),
+    "data.tokenizer": Free(_PATHS),
+    "data.text_length": POSITIVE,
+    "data.latent_cache": BOOL,
+    "data.cache_dir": Free(_PATHS),
+    # train
+    "train.steps": POSITIVE,
+    "train.grad_accum": POSITIVE,
+    "train.batch_size": POSITIVE,
+    "train.lr": Rule("> 0 (the AdamW learning rate)", _positive, "-1"),
+    "train.warmup_steps": NON_NEGATIVE,
+    "train.weight_decay": NON_NEGATIVE,
+    "train.grad_clip": Rule(">= 0 (0: no clipping)", _non_negative, "-1"),
+    "train.betas": Rule("two values in [0, 1)", _betas_ok, "[0.9, 1.5]"),
+    "train.adam_eps": POSITIVE,
+    "train.seed": Rule("in 0..2**32-1", lambda v, c: 0 <= v < 2**32, "-1"),
+    "train.grad_sync": _one_of("last", "every"),
+    "train.keep_params_gathered": BOOL,
+    "train.mixed_precision": _one_of("auto", "bf16", "fp32"),
+    "train.log_every": POSITIVE,
+    "train.compile": BOOL,
+    # checkpoint
+    "checkpoint.every": POSITIVE,
+    "checkpoint.keep": POSITIVE,
+    "checkpoint.export_safetensors": BOOL,
+    "checkpoint.export": _one_of("none", "reference"),
+    "checkpoint.async_save": BOOL,
+    "checkpoint.skip_space_check": BOOL,
+    # profile
+    "profile.enabled": BOOL,
+    "profile.wait": NON_NEGATIVE,
+    "profile.warmup": NON_NEGATIVE,
+    "profile.active": POSITIVE,
+    "profile.start_step": POSITIVE,
+    # log
+    "log.tensorboard": BOOL,
+    "log.wandb": BOOL,
+}
+
+
+def value_of(cfg: RunConfig, key: str) -> Any:
+    target: Any = cfg
+    for part in key.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def violations(cfg: RunConfig, sources: dict[str, str] | None = None) -> list[str]:
+    """One line per value that breaks its rule: where it came from, the key, the value, what is allowed.
+    Values set on the command line come first, then the config file's, then the rest: when a value breaks
+    a rule that relates it to another (model.dim and model.heads), the one the user just set is named."""
+    problems: list[tuple[int, str]] = []
+    for key, rule in RULES.items():
+        if isinstance(rule, Free) or rule.ok is None:
+            continue
+        value = value_of(cfg, key)
+        try:
+            ok = rule.ok(value, cfg)
+        except (TypeError, ValueError, ZeroDivisionError):
+            ok = False
+        if not ok:
+            where = (sources or {}).get(key, "the default" if sources is not None else f"config {cfg.name!r}")
+            rank = 0 if where == "--set" else 2 if where.endswith(("(cpu_scale)", "the default")) else 1
+            problems.append((rank, f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"))
+    return [line for _, line in sorted(problems, key=lambda p: p[0])]
+
+
+def check(cfg: RunConfig, sources: dict[str, str] | None = None) -> None:
+    problems = violations(cfg, sources)
+    if problems:
+        raise ConfigError(problems[0])
