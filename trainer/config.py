@@ -129,6 +129,12 @@ class TrainConfig:
     # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
     # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
     compile: bool = False
+    # A NaN/Inf loss or grad_norm (trainer/divergence.py): stop ends the run at that step (no update, no
+    # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and
+    # stops the same way after more than nonfinite_max_skips such steps in a row.
+    nonfinite: str = "stop"  # stop | skip
+    nonfinite_max_skips: int = 3
+    grad_spike_factor: float = 10.0  # WARNING when grad_norm > this x its running median (0: never)
 
 
 @dataclass
@@ -200,6 +206,9 @@ class RunConfig:
                 "train.steps, grad_accum, batch_size must be > 0",
             ),
             (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
+            (t.nonfinite in ("stop", "skip"), "train.nonfinite must be stop or skip"),
+            (t.nonfinite_max_skips >= 1, "train.nonfinite_max_skips must be >= 1"),
+            (t.grad_spike_factor >= 0, "train.grad_spike_factor must be >= 0 (0: no spike warnings)"),
             (
                 t.mixed_precision in ("auto", "bf16", "fp32"),
                 "train.mixed_precision must be auto, bf16 or fp32",

@@ -5,7 +5,7 @@ with a static rendezvous, its parameters taken from the flags, else Slurm's vari
 
 Exit codes (also in summary.json as exit_code):
      0  the requested steps are done (also: a re-run of a finished run, which trains nothing)
-     1  training failed; the summary names the failing rank and its error
+     1  training failed; the summary names the failing rank and its error (or `diverged`: NaN/Inf)
      2  bad command line or config (unknown config, bad --set): nothing is written
      3  preflight failed (env missing or incomplete, a check failed, run dir not writable, checkpoint
         incompatible with the config): no rank started, no checkpoint touched
@@ -57,6 +57,7 @@ from trainer.attempt import (
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
+from trainer.divergence import nonfinite_in_checkpoint
 from trainer.launcher import early, nodes, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
@@ -246,6 +247,12 @@ def _preflight(
         conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+        bad = nonfinite_in_checkpoint(complete[-1])  # written by an older version or by hand
+        if bad:
+            raise PreflightError(
+                f"cannot resume from {complete[-1].path}: {bad} (a diverged run's state); move it aside "
+                "to resume from an earlier one, or start a new run with --run-dir"
+            )
     if args.preflight_only:
         supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
     choice = resolve_env(args.env, args.prefix, environ)
@@ -341,8 +348,8 @@ def _report(
         say(f"preempted ({result.reason}); run the same command again to resume (exit {EXIT_PREEMPTED})")
         if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
             say(supervise.slurm_after_stop(signals, environ, args.no_requeue))
-    elif result.out_of_space:
-        say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed, the fix
+    elif result.out_of_space or result.diverged:
+        say(f"FAILED: {result.reason}")  # one line: filesystem, path, free, needed (or the divergence), fix
     else:
         say(f"FAILED: {result.reason}")
         if result.rank_error and result.rank_error.strip() != (result.reason or "").strip():
