@@ -30,7 +30,7 @@ TINY = [
     "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
     "train.grad_accum=1", "train.warmup_steps=0", "checkpoint.keep=5", "log.tensorboard=false",
 ]  # fmt: skip
-TIMEOUT = 300
+TIMEOUT = 900  # a 2-rank tiny run takes ~1 min idle, several on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
