@@ -119,7 +119,9 @@ class Diverged:
         where = (
             f"on rank {self.rank}" if self.rank is not None else "on every rank (their own losses are finite)"
         )
-        others = ", ".join(f"{k} {_fmt(v)}" for k, v in self.values.items() if k != self.quantity)
+        order = ("latent_loss", "action_loss", "grad_norm")  # fixed: the JSON round trip sorts keys
+        named = sorted(self.values.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 3)
+        others = ", ".join(f"{k} {_fmt(v)}" for k, v in named if k != self.quantity)
         ckpt = self.last_finite_checkpoint
         if ckpt is not None:
             last = f"the last finite checkpoint is {Path(ckpt['path']).name}"
