@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REPO, machine  # noqa: E402
 
-BENCHES = ("grad_accum", "attention", "checkpoint", "restart", "provision")
+BENCHES = ("grad_accum", "attention", "checkpoint", "nonfinite", "restart", "provision")
 RESULTS = REPO / "bench" / "results"
 
 

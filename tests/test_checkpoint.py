@@ -256,3 +256,25 @@ def _batch(cfg):
     from trainer.data import build_stream
 
     return build_stream(cfg, 0, 1).micro_batch(1, 0)
+
+
+@pytest.mark.fast
+def test_a_save_is_refused_when_a_parameter_or_moment_is_not_finite(process_group, tmp_path):
+    from trainer.checkpoint import NonFiniteState
+
+    model, optimizer, scheduler = make_state()
+    train_steps(model, optimizer, scheduler, 1)
+    ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=1), last_step=0, attempt="n1")
+    ckpt.save(1, model, optimizer, scheduler, train_state={})
+    assert json.loads((tmp_path / "checkpoint_step_1" / MARKER).read_text())["finite"] is True
+    with torch.no_grad():
+        model.head.bias.to_local().fill_(float("nan"))
+    with pytest.raises(NonFiniteState, match="checkpoint step 2 refused: head.bias holds non-finite"):
+        ckpt.save(2, model, optimizer, scheduler, train_state={})
+    assert [c.step for c in scan(tmp_path)[0]] == [1]  # the finite one is kept, nothing half-written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_step_1"]
+    with torch.no_grad():
+        model.head.bias.to_local().zero_()
+        next(iter(optimizer.state.values()))["exp_avg"].to_local().fill_(float("inf"))
+    with pytest.raises(NonFiniteState, match="optimizer exp_avg of blocks.0.weight"):
+        ckpt.save(3, model, optimizer, scheduler, train_state={})

@@ -1,5 +1,6 @@
-"""model.pretrained and the data through bin/train's launcher. The dimensions come from the folder's config.json whatever
-the cpu_scale block says; only a model.* value the user set (--set, the config file) can conflict, and that
+"""model.pretrained and the data through bin/train's launcher. The dimensions come from the folder's
+config.json whatever the cpu_scale block says; only a model.* value the user set (--set, the config file) can
+conflict, and that
 is said before the preflight, in one line, exit 2, nothing written. A folder that cannot be read is a
 preflight failure (exit 3). The launcher runs in this process; torchrun is replaced by a recorder.
 """

@@ -107,6 +107,51 @@ def parse_record_line(line: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("rank"), int) else None
 
 
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+@dataclass
+class Diverged:
+    """A run stopped on non-finite values (trainer/divergence.py finds them): carried by the rank records
+    and summary.json (`diverged`); its line() is the launcher's one line."""
+
+    step: int
+    quantity: str  # latent_loss | action_loss | grad_norm | the tensor a refused checkpoint save named
+    value: str  # nan | inf | -inf
+    rank: int | None  # the first rank whose own value is non-finite; None: no single rank's (grad_norm)
+    values: dict[str, float]  # the step's reduced latent_loss, action_loss, grad_norm
+    policy: str = "stop"  # train.nonfinite
+    skipped: int = 0  # steps skipped before this one (train.nonfinite=skip)
+    last_finite_checkpoint: dict[str, Any] | None = None  # {step, path}; every saved checkpoint is finite
+
+    def line(self) -> str:
+        where = (
+            f"on rank {self.rank}" if self.rank is not None else "on every rank (their own losses are finite)"
+        )
+        order = ("latent_loss", "action_loss", "grad_norm")  # fixed: the JSON round trip sorts keys
+        named = sorted(self.values.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 3)
+        others = ", ".join(f"{k} {_fmt(v)}" for k, v in named if k != self.quantity)
+        ckpt = self.last_finite_checkpoint
+        if ckpt is not None:
+            last = f"the last finite checkpoint is {Path(ckpt['path']).name}"
+            again = f"run the same command again (it resumes from step {ckpt['step']}) --set train.lr=<lower>"
+        else:
+            last, again = "no checkpoint was saved before it", "start again with --set train.lr=<lower>"
+        skipped = f" after {self.skipped} skipped step(s) (train.nonfinite=skip)" if self.skipped else ""
+        return (
+            f"diverged at step {self.step}{skipped}: {self.quantity} is {self.value} {where} ({others}); "
+            f"{last}; fix: lower train.lr / check the data / {again}"
+        )
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Diverged | None:
+        try:
+            return cls(**_known(cls, data)) if isinstance(data, dict) else None
+        except TypeError:
+            return None
+
+
 @dataclass
 class RankStatus:
     """rank_<R>.json: how far one rank got, for the launcher's verdict."""
@@ -123,6 +168,7 @@ class RankStatus:
     # None: the failure may not repeat (a crash, a lost peer), the next run resumes
     needs_fix: str | None = None
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport when a write ran out of space
+    diverged: dict[str, Any] | None = None  # Diverged: the run stopped on non-finite values
 
 
 @dataclass
@@ -163,6 +209,9 @@ class Summary:
     data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
     damaged_checkpoints: list[dict[str, Any]] | None = None  # moved aside: {step, path, moved_to, problem}
+    diverged: dict[str, Any] | None = None  # Diverged: stopped on non-finite values (status failed)
+    nonfinite_skipped: list[int] | None = None  # steps whose update was skipped (train.nonfinite=skip)
+    grad_norm_max: dict[str, Any] | None = None  # {value, step}: the largest grad_norm seen in this attempt
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None

@@ -8,7 +8,7 @@ Layout under RUN_DIR/checkpoints/:
         train_state.json            step (= data position: batches are a pure function of the step),
                                     world size, the run config
         model.safetensors           optional consolidated weights for evaluation
-        COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}}, written last
+        COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}, finite}, last
     checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
     checkpoint_step_N.damaged-<t>/  files no longer match COMPLETE: moved aside, never deleted
 (what counts as which: trainer/checkpoint_layout.py)
@@ -18,7 +18,9 @@ COMPLETE into it and renames it into place (atomic on POSIX). So kill -9 at any 
 previous complete checkpoint as the latest one. Deleting an old checkpoint removes COMPLETE first, so a
 half-deleted directory is never taken for a complete one. Out of space on any rank during a save:
 every rank raises at the save's agreement (OutOfSpace where it happened, PeerStopped elsewhere), the
-partial directory is removed at once, earlier checkpoints are untouched.
+partial directory is removed at once, earlier checkpoints are untouched. A checkpoint never carries
+divergence: a save is refused on every rank (NonFiniteState) when any parameter or optimizer moment of
+any rank's own shard is NaN/Inf, so pruning only ever removes older finite checkpoints.
 """
 
 from __future__ import annotations
@@ -55,14 +57,25 @@ from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout i
     checkpoint_dir,
     file_sha256,
     latest_complete,
+    resume_conflicts,
     scan,
 )
 from trainer.config import CheckpointConfig, ModelConfig, RunConfig
 from trainer.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
+from trainer.divergence import FINITE_KEY, first_nonfinite
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed from; the message names it and the fix."""
+
+
+class NonFiniteState(CheckpointError):
+    """A save refused: a parameter or optimizer moment holds NaN/Inf on some rank (a checkpoint never
+    carries divergence). Raised on every rank; `tensor` and `rank` name the first one found."""
+
+    def __init__(self, step: int, tensor: str, rank: int):
+        super().__init__(f"checkpoint step {step} refused: {tensor} holds non-finite values on rank {rank}")
+        self.tensor, self.rank = tensor, rank
 
 
 class PeerStopped(RuntimeError):
@@ -213,7 +226,7 @@ class Checkpointer:
             self.root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-        dist.barrier()
+        self._refuse_nonfinite(step, tmp, first_nonfinite(model, optimizer))  # also the barrier after mkdir
 
         state = {"train": TrainState(model, optimizer, scheduler)}
         future = None
@@ -273,6 +286,19 @@ class Checkpointer:
         self.last_committed = CheckpointInfo(pending.step, pending.final)
         return self.last_committed
 
+    def _refuse_nonfinite(self, step: int, tmp: Path, mine: str | None) -> None:
+        """Collective: raise NonFiniteState on every rank when any rank's own shard is non-finite."""
+        flag = torch.tensor(float(mine is not None), device=self.device)
+        dist.all_reduce(flag)
+        if flag.item() == 0:
+            return
+        found: list[Any] = [None] * self.world_size
+        dist.all_gather_object(found, mine)
+        if self.rank == 0:
+            _remove(tmp)
+        rank = next(r for r, name in enumerate(found) if name is not None)
+        raise NonFiniteState(step, found[rank], rank)
+
     def _short_of_space(self, tmp: Path) -> OutOfSpace | None:
         """A save that failed without an errno (torch's zip writer turns a short write on a full disk into
         RuntimeError "unexpected pos"), where the filesystem or the quota (EDQUOT, which statvfs does not
@@ -314,7 +340,8 @@ class Checkpointer:
         for name in missing:  # a file no rank claimed (a DCP naming change): hash it here
             checksums[name] = file_sha256(tmp / name)
         with open(tmp / MARKER, "w") as f:
-            json.dump({"step": step, "files": files, "sha256": checksums}, f, indent=2, sort_keys=True)
+            marker = {"step": step, "files": files, "sha256": checksums, FINITE_KEY: True}  # checked at save
+            json.dump(marker, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
@@ -362,27 +389,3 @@ class Checkpointer:
         if conflicts:
             raise CheckpointError(f"cannot resume from {info.path}: " + "; ".join(conflicts))
         return self.load(info, model, optimizer, scheduler)
-
-
-# Settings a resumed run must share with its checkpoint: they change the model's shapes, the data, or
-# the per-rank streams. Everything else (steps, LR, checkpoint cadence, logging) may change on resume.
-_FIXED_SECTIONS = ("model", "data")
-_FIXED_KEYS = ("train.seed", "train.batch_size", "train.grad_accum")
-_FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache")
-
-
-def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list[str]:
-    """Why this run may not resume from a checkpoint with `train_state`; empty when it may."""
-    saved, now = train_state.get("config") or {}, cfg.to_dict()
-    problems = []
-    if train_state.get("world_size") != world_size:
-        problems.append(f"it was written by {train_state.get('world_size')} ranks, this run has {world_size}")
-    keys = [f"{s}.{k}" for s in _FIXED_SECTIONS for k in now[s] if not (s == "data" and k in _FREE_DATA_KEYS)]
-    for key in [*keys, *_FIXED_KEYS]:
-        section, name = key.split(".")
-        old, new = saved.get(section, {}).get(name), now[section][name]
-        if old != new:
-            problems.append(f"{key} was {old!r}, is now {new!r}")
-    if problems:
-        problems.append("resume with the checkpoint's settings, or start a new run with --run-dir")
-    return problems

@@ -5,7 +5,8 @@
     checkpoint_step_N.damaged-<time>/  moved aside because its files do not match COMPLETE: never deleted
 
 Reading only (no torch, no process group): the launcher's preflight and the ranks both use it; writing
-is trainer/checkpoint.py.
+is trainer/checkpoint.py. resume_conflicts() is the one check of whether a run may resume from a
+checkpoint (world size, model, data, seed): the preflight and Checkpointer.resume both call it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.config import RunConfig
 
 MARKER = "COMPLETE"
 TRAIN_STATE = "train_state.json"
@@ -144,3 +147,27 @@ def latest_complete(root: Path) -> CheckpointInfo | None:
     partial ones."""
     complete, _ = scan(root)
     return complete[-1] if complete else None
+
+
+# Settings a resumed run must share with its checkpoint: they change the model's shapes, the data, or
+# the per-rank streams. Everything else (steps, LR, checkpoint cadence, logging) may change on resume.
+_FIXED_SECTIONS = ("model", "data")
+_FIXED_KEYS = ("train.seed", "train.batch_size", "train.grad_accum")
+_FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache")
+
+
+def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list[str]:
+    """Why this run may not resume from a checkpoint with `train_state`; empty when it may."""
+    saved, now = train_state.get("config") or {}, cfg.to_dict()
+    problems = []
+    if train_state.get("world_size") != world_size:
+        problems.append(f"it was written by {train_state.get('world_size')} ranks, this run has {world_size}")
+    keys = [f"{s}.{k}" for s in _FIXED_SECTIONS for k in now[s] if not (s == "data" and k in _FREE_DATA_KEYS)]
+    for key in [*keys, *_FIXED_KEYS]:
+        section, name = key.split(".")
+        old, new = saved.get(section, {}).get(name), now[section][name]
+        if old != new:
+            problems.append(f"{key} was {old!r}, is now {new!r}")
+    if problems:
+        problems.append("resume with the checkpoint's settings, or start a new run with --run-dir")
+    return problems

@@ -130,6 +130,12 @@ class TrainConfig:
     # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
     # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
     compile: bool = False
+    # A NaN/Inf loss or grad_norm (trainer/divergence.py): stop ends the run at that step (no update, no
+    # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and
+    # stops the same way after more than nonfinite_max_skips such steps in a row.
+    nonfinite: str = "stop"  # stop | skip
+    nonfinite_max_skips: int = 3
+    grad_spike_factor: float = 10.0  # WARNING when grad_norm > this x its running median (0: never)
 
 
 @dataclass

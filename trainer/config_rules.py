@@ -191,6 +191,11 @@ RULES: dict[str, Rule | Free] = {
     "train.mixed_precision": _one_of("auto", "bf16", "fp32"),
     "train.log_every": POSITIVE,
     "train.compile": BOOL,
+    "train.nonfinite": _one_of("stop", "skip"),
+    "train.nonfinite_max_skips": Rule(
+        ">= 1 (consecutive skipped steps before stopping)", lambda v, c: v >= 1, "0"
+    ),
+    "train.grad_spike_factor": Rule(">= 0 (0: no spike warnings)", _non_negative, "-1"),
     # checkpoint
     "checkpoint.every": POSITIVE,
     "checkpoint.keep": POSITIVE,

@@ -99,8 +99,9 @@ class Metrics:
         print(line, flush=True)
         self._write(self.text, line + "\n")
 
-    def log_step(self, step: int, values: dict[str, float], timing: dict[str, float]) -> None:
-        """values: latent_loss, action_loss, loss, grad_norm, lr, s_per_it, tokens_per_s, memory_gib, ..."""
+    def log_step(self, step: int, values: dict[str, float], timing: dict[str, float], peak: str = "") -> None:
+        """values: latent_loss, action_loss, loss, grad_norm, lr, s_per_it, tokens_per_s, memory_gib, ...;
+        `peak` (the largest grad_norm so far and its step) goes on the progress line."""
         if not self.enabled:
             return
         record = {"step": step, **values, "timing": timing}
@@ -124,16 +125,18 @@ class Metrics:
                 + (f" | gpu {values['gpu_util']:.0f}%" if "gpu_util" in values else "")
             )
         if step % self.progress_every == 0 or step == self.total:
-            self.progress(step, format_breakdown(timing) if timing else "")
+            self.progress(step, format_breakdown(timing) if timing else "", peak)
 
-    def progress(self, step: int, breakdown: str = "") -> None:
+    def progress(self, step: int, breakdown: str = "", peak: str = "") -> None:
         done = step - self.start_step
         elapsed = time.perf_counter() - self.started
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
         eta_text = format_duration(eta) if done > 0 else "?"
         self.info(
             f"progress {step}/{self.total} ({100.0 * step / self.total:.0f}%) | "
-            f"elapsed {format_duration(elapsed)} | eta {eta_text}" + (f" | {breakdown}" if breakdown else "")
+            f"elapsed {format_duration(elapsed)} | eta {eta_text}"
+            + (f" | {peak}" if peak else "")
+            + (f" | {breakdown}" if breakdown else "")
         )
 
     def close(self) -> None:

@@ -2,7 +2,8 @@
 the launcher's progress file) and rank 0's summary.json.
 
     obs = Observers(metrics, profiler, utilisation, peak_flops, flops_per_token, attempt)
-    record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.train.loop)
+    record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.train.loop); also
+                                                   # the largest grad_norm and a WARNING on a spike
     summary = final_summary(rig, state, stop, attempt_id, started)   # rank 0, after the last barrier
 
 A write that runs out of space never raises here: it lands in state.failure, and the loop stops every rank
@@ -11,6 +12,7 @@ at its next safe point (trainer/diskspace.py).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -53,7 +55,13 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
     }
     optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
     values.update({k: v for k, v in optional.items() if v is not None})
-    obs.metrics.log_step(state.step, values, timing)
+    warning = state.spikes.observe(state.step, out.grad_norm)
+    peak = state.spikes.peak()
+    peak_text = f"max grad_norm {peak['value']:.4g} at step {peak['step']}" if peak else ""
+    obs.metrics.log_step(state.step, values, timing, peak=peak_text)
+    for note in [*state.notes, *([warning] if warning else [])]:
+        obs.metrics.info(note)
+    state.notes.clear()
     if rig.rank == 0 and obs.attempt is not None and state.failure is None:
         progress = Progress(
             first_step=rig.start_step + 1,
@@ -76,7 +84,7 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
     return Summary(
         state.status,
         steps_requested=rig.cfg.train.steps,
-        reason=f"preempted at step {state.step}: {stop.reason()}" if state.status == PREEMPTED else None,
+        reason=_reason(state, stop),
         first_step=rig.start_step + 1 if ran else None,
         last_step=state.step if ran else None,
         resumed_from=rig.resumed.step if rig.resumed else None,
@@ -88,4 +96,13 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         attempt=attempt_id,
         config=rig.cfg.name,
         data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
+        diverged=dataclasses.asdict(state.diverged) if state.diverged else None,
+        nonfinite_skipped=list(state.policy.skipped),
+        grad_norm_max=state.spikes.peak(),
     )
+
+
+def _reason(state: LoopState, stop: StopRequest) -> str | None:
+    if state.status == PREEMPTED:
+        return f"preempted at step {state.step}: {stop.reason()}"
+    return state.diverged.line() if state.diverged is not None else None

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from trainer.attempt import COMPLETED
+from trainer.attempt import COMPLETED, Diverged
 from trainer.checkpoint import Checkpointer, CheckpointInfo
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace
+from trainer.divergence import APPLY, NonfinitePolicy, SpikeWatch
 from trainer.timing import StepBreakdown
 
 
@@ -59,3 +60,9 @@ class LoopState:
     last_ckpt: CheckpointInfo | None = None
     timings: list[dict[str, float]] = field(default_factory=list)
     failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
+    stopping: bool = False  # every rank agreed to stop after this step (a signal or a stop request)
+    action: str = APPLY  # this step's update: applied, skipped or the run stops (trainer/divergence.py)
+    diverged: Diverged | None = None  # why the run stopped on non-finite values
+    policy: NonfinitePolicy = field(default_factory=lambda: NonfinitePolicy("stop", 1))
+    spikes: SpikeWatch = field(default_factory=lambda: SpikeWatch(0.0))
+    notes: list[str] = field(default_factory=list)  # WARNING lines to log after this step's line

@@ -10,6 +10,9 @@ Variables (each: what it does):
 - `LINGBOT_TEST_PAUSE_DIR=<dir>`: where a pause announces itself and waits for its release.
 - `LINGBOT_TEST_ABORT_AFTER_DESTROY=<rank>`: that rank calls `os.abort()` right after
   `destroy_process_group` (the teardown SIGABRT, deterministically).
+- `LINGBOT_TEST_NAN_AT=<steps>:<rank>[:<quantity>]` (steps: `3`, `2-4`, `2,4-5`): on that rank, at those
+  steps, every micro-batch's `<quantity>` (action_loss, the default, or latent_loss) and its loss are
+  multiplied by NaN before backward, so the gradients are NaN too (a divergence on one rank).
 
 A new hook adds its variable to this table and its function below; product code calls the function and
 never reads a `LINGBOT_TEST_*` variable itself (tests/test_structure.py checks it).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from provision.atomic import write_json_atomic
 
@@ -45,3 +49,17 @@ def abort_after_destroy(rank: int) -> None:
     """`LINGBOT_TEST_ABORT_AFTER_DESTROY=<rank>`: that rank aborts right after its process group is gone."""
     if os.environ.get("LINGBOT_TEST_ABORT_AFTER_DESTROY") == str(rank):
         os.abort()
+
+
+def nonfinite_loss(out: dict[str, Any], step: int, rank: int) -> dict[str, Any]:
+    """`LINGBOT_TEST_NAN_AT=<steps>:<rank>[:<quantity>]`: NaN in that rank's loss at those steps."""
+    spec = os.environ.get("LINGBOT_TEST_NAN_AT")
+    if not spec:
+        return out
+    steps, at_rank, *rest = spec.split(":")
+    ranges = [part.partition("-") for part in steps.split(",")]
+    if int(at_rank) != rank or not any(int(a) <= step <= int(b or a) for a, _, b in ranges):
+        return out
+    quantity = rest[0] if rest else "action_loss"
+    nan = float("nan")
+    return {**out, quantity: out[quantity] * nan, "loss": out["loss"] * nan}

@@ -23,6 +23,7 @@ trainer/attempt.py (rank records, progress, RUN_DIR/summary.json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import os
@@ -43,15 +44,18 @@ from trainer.attempt import (
     PREEMPTED,
     RUNNING,
     Attempt,
+    Diverged,
     RankStatus,
+    checkpoint_json,
     summary_path,
     write_summary,
 )
-from trainer.checkpoint import Checkpointer, PeerStopped, scan
+from trainer.checkpoint import Checkpointer, NonFiniteState, PeerStopped, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
-from trainer.diskspace import OutOfSpace, find_out_of_space, guard
+from trainer.diskspace import find_out_of_space, guard
+from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.metrics import Metrics
 from trainer.observe import Observers, final_summary, record_step
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
@@ -131,9 +135,15 @@ def build(
 # --- one step --------------------------------------------------------------------------------------
 
 
-def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = None) -> StepOutput:
+def train_step(
+    rig: Rig,
+    step: int,
+    on_first_micro: Callable[[], None] | None = None,
+    before_update: Callable[[StepOutput], bool] | None = None,
+) -> StepOutput:
     """One optimizer step: grad_accum micro-batches, clip, AdamW, LR schedule; phases timed in
-    rig.breakdown (the caller opens and closes the step: start_step / end_step)."""
+    rig.breakdown (the caller opens and closes the step: start_step / end_step). `before_update` (the
+    loop's one collective for the step) says whether the update is applied; without it, it always is."""
     cfg, model, breakdown, device = rig.cfg, rig.model, rig.breakdown, rig.device
     grad_accum = cfg.train.grad_accum
     lr = rig.scheduler.get_last_lr()[0]
@@ -147,7 +157,7 @@ def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = 
         with breakdown.phase("h2d"):
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         with breakdown.phase("forward"):
-            out = model(batch)
+            out = testhooks.nonfinite_loss(model(batch), step, rig.rank)  # test hook: off unless set
             loss = out["loss"] / grad_accum
         with breakdown.phase("backward"):
             loss.backward()
@@ -157,59 +167,99 @@ def train_step(rig: Rig, step: int, on_first_micro: Callable[[], None] | None = 
             on_first_micro()
     with breakdown.phase("optimizer"):
         grad_norm = clip_grad_norm(model, cfg.train.grad_clip if cfg.train.grad_clip > 0 else math.inf)
-        rig.optimizer.step()
+    result = StepOutput(latent_sum, action_sum, float(grad_norm), float(lr))
+    apply = before_update is None or before_update(result)  # never an update from a non-finite gradient
+    with breakdown.phase("optimizer"):
+        if apply:
+            rig.optimizer.step()
         rig.optimizer.zero_grad(set_to_none=True)
-        rig.scheduler.step()
-    return StepOutput(latent_sum, action_sum, float(grad_norm), float(lr))
+        if apply:
+            rig.scheduler.step()
+    return result
 
 
 # --- the loop --------------------------------------------------------------------------------------
 
 
-def _agree(
-    rig: Rig, out: StepOutput, stop: StopRequest, failure: OutOfSpace | None
-) -> tuple[dict[str, float], bool]:
-    """One collective: mean losses over micro-batches and ranks, whether any rank must stop, and whether
-    any rank holds a failed write (then every rank raises here: the next safe point)."""
+def _agree(rig: Rig, stop: StopRequest, state: LoopState, out: StepOutput) -> bool:
+    """The step's one collective, before the update: mean losses over micro-batches and ranks, whether any
+    rank must stop, whether any rank holds a failed write (then every rank raises here: the next safe
+    point), and which ranks' own losses are non-finite (trainer/divergence.py). Sets state.losses,
+    .stopping, .action (and .diverged); returns whether the update is applied."""
     flag = torch.tensor(float(stop.local), device=rig.device)
-    failed = torch.tensor(float(failure is not None), device=rig.device)
-    agreed = torch.stack([out.latent_sum, out.action_sum, flag, failed])
+    failed = torch.tensor(float(state.failure is not None), device=rig.device)
+    slots = local_slots(out.latent_sum, out.action_sum, rig.rank, rig.world_size)
+    agreed = torch.cat([torch.stack([out.latent_sum, out.action_sum, flag, failed]), slots])
     dist.all_reduce(agreed)
-    raise_if_any(failure, agreed[3].item() > 0)
+    raise_if_any(state.failure, agreed[3].item() > 0)
     latent_loss, action_loss = (agreed[:2] / (rig.cfg.train.grad_accum * rig.world_size)).tolist()
-    losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
-    return losses, agreed[2].item() > 0
+    state.losses = {"loss": latent_loss + action_loss, "latent_loss": latent_loss, "action_loss": action_loss}
+    state.stopping = agreed[2].item() > 0
+    found = blame(state.step, agreed[4:].tolist(), state.losses, out.grad_norm)
+    state.action = state.policy.decide(found)
+    if state.action == STOP:
+        state.diverged = found
+    elif state.action == SKIP and found is not None:  # the data position still advances (step + 1)
+        state.notes.append(
+            f"WARNING: step {found.step}: {found.quantity} is {found.value} "
+            f"{'on rank ' + str(found.rank) if found.rank is not None else 'on every rank'}: optimizer "
+            f"step skipped (train.nonfinite=skip, {state.policy.in_a_row} in a row, at most "
+            f"{state.policy.max_skips})"
+        )
+    return state.action == APPLY
+
+
+def _save(rig: Rig, stop: StopRequest, state: LoopState) -> None:
+    """Maybe evaluate and save (the Checkpointer decides); a save refused for a non-finite tensor on any
+    rank stops the run as diverged."""
+    ckpt, step = rig.checkpointer, state.step
+    if not ckpt.due(step, state.stopping):
+        return
+    # The one call site for held-out evaluation at checkpoints: it goes here, before the save.
+    try:
+        state.stopping = ckpt.save_due(
+            step,
+            rig.model,
+            rig.optimizer,
+            rig.scheduler,
+            stopping=state.stopping,
+            stop_requested=lambda: stop.local,
+            train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
+            before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
+        )
+    except NonFiniteState as exc:
+        values = dict(state.losses or {})
+        values.pop("loss", None)
+        state.action, state.diverged = STOP, Diverged(step, exc.tensor, "non-finite", exc.rank, values)
+    state.last_ckpt = ckpt.last_committed
 
 
 def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
-    """Steps start_step+1 .. train.steps, or until every rank agrees to stop (after its checkpoint).
-    Each step, as nanoGPT's: train, agree (losses, stop), maybe evaluate and save, log."""
-    ckpt = rig.checkpointer
+    """Steps start_step+1 .. train.steps, until every rank agrees to stop (after its checkpoint), or until
+    a non-finite step stops the run (train.nonfinite). Each step, as nanoGPT's: train (agreeing on losses,
+    stop and divergence before the update), maybe evaluate and save, log."""
+    cfg = rig.cfg
     state = LoopState(step=rig.start_step, last_ckpt=rig.resumed)
-    for step in range(rig.start_step + 1, rig.cfg.train.steps + 1):
+    state.policy = NonfinitePolicy(cfg.train.nonfinite, cfg.train.nonfinite_max_skips)
+    state.spikes = SpikeWatch(cfg.train.grad_spike_factor)
+    agree = functools.partial(_agree, rig, stop, state)
+    for step in range(rig.start_step + 1, cfg.train.steps + 1):
         state.step = step
         obs.profiler.begin(step)
         step_started = time.perf_counter()
         rig.breakdown.start_step()
-        out = train_step(rig, step, on_first_micro=functools.partial(pause_point, "step", step, rig.rank))
-        state.losses, stopping = _agree(rig, out, stop, state.failure)
-        with rig.breakdown.phase("checkpoint"):
-            if ckpt.due(step, stopping):
-                # The one call site for held-out evaluation at checkpoints: it goes here, before the save.
-                stopping = ckpt.save_due(
-                    step,
-                    rig.model,
-                    rig.optimizer,
-                    rig.scheduler,
-                    stopping=stopping,
-                    stop_requested=lambda: stop.local,
-                    train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
-                    before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
-                )
-                state.last_ckpt = ckpt.last_committed
+        out = train_step(rig, step, functools.partial(pause_point, "step", step, rig.rank), agree)
+        if state.action != STOP:  # no checkpoint from a diverged state
+            with rig.breakdown.phase("checkpoint"):
+                _save(rig, stop, state)
         record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
-        if stopping and step < rig.cfg.train.steps:
+        if state.action == STOP:
+            assert state.diverged is not None
+            state.status, state.diverged.last_finite_checkpoint = FAILED, checkpoint_json(state.last_ckpt)
+            obs.metrics.info(state.diverged.line())
+            break
+        if state.stopping and step < cfg.train.steps:
             state.status = PREEMPTED
             assert state.last_ckpt is not None
             obs.metrics.info(
@@ -219,8 +269,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
             break
     obs.profiler.close()
     obs.utilisation.close()
-    ckpt.finish()  # an asynchronous save still in flight is committed before the rank reports
-    state.last_ckpt = ckpt.last_committed
+    rig.checkpointer.finish()  # an asynchronous save still in flight is committed before the rank reports
+    state.last_ckpt = rig.checkpointer.last_committed
     agree_on_failure(state.failure, rig.device)  # a write that failed after the last step's agreement
     return state
 
@@ -264,7 +314,11 @@ def train(
     # final, and a rank that aborts later inside destroy_process_group (a known gloo hiccup) has still
     # finished its work. The launcher judges the run by these records.
     if attempt is not None:
-        attempt.write_rank(RankStatus(rank, state.status, step=state.step))
+        found = state.diverged
+        record = RankStatus(rank, state.status, step=state.step)
+        if found is not None:  # every rank stopped on the same step: the launcher says it in one line
+            record.error, record.diverged = found.line(), dataclasses.asdict(found)
+        attempt.write_rank(record)
     dist.barrier()  # every rank is done with training before the summary says so
     if rank == 0:
         pause_point("summary", state.step, rank)

@@ -5,7 +5,7 @@ with a static rendezvous, its parameters taken from the flags, else Slurm's vari
 
 Exit codes (also in summary.json as exit_code):
      0  the requested steps are done (also: a re-run of a finished run, which trains nothing)
-     1  training failed; the summary names the failing rank and its error
+     1  training failed; the summary names the failing rank and its error (or `diverged`: NaN/Inf)
      2  bad command line or config (unknown config, bad --set): nothing is written
      3  preflight failed (env missing or incomplete, a check failed, run dir not writable, checkpoint
         incompatible with the config): no rank started, no checkpoint touched
@@ -55,6 +55,7 @@ from trainer.attempt import (
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, parse_set, resolve_config
+from trainer.divergence import nonfinite_in_checkpoint
 from trainer.launcher import early, nodes, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
@@ -254,6 +255,12 @@ def _preflight(
         conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
+        bad = nonfinite_in_checkpoint(complete[-1])  # written by an older version or by hand
+        if bad:
+            raise PreflightError(
+                f"cannot resume from {complete[-1].path}: {bad} (a diverged run's state); move it aside "
+                "to resume from an earlier one, or start a new run with --run-dir"
+            )
     for note in inputs_check(cfg):  # the data and the weights, as far as they judge without reading them
         say(note)
     if args.preflight_only:
@@ -362,6 +369,8 @@ def _report(
     # one line: the failing rank's error (out of space: filesystem, path, free, needed, the fix) and what
     # the next run does; the tracebacks stay in the attempt's files
     needs_fix = "there is room" if result.out_of_space else result.needs_fix
+    if result.diverged:  # the same config diverges the same way: the fix is in the line's reason
+        needs_fix = needs_fix or "the cause is fixed (lower train.lr, check the data)"
     say(f"FAILED: {result.reason} (tracebacks and the ranks' output: {attempt.dir}/, summary: {summary}); "
         + next_run_line(launch.run_dir, launch.cfg, needs_fix))  # fmt: skip
 

@@ -182,6 +182,7 @@ def write_final_summary(
         torchrun_exit_code=rc,
         notes=result.notes,
         out_of_space=result.out_of_space,
+        diverged=result.diverged or base.diverged,
         damaged_checkpoints=launch.damaged,
         attempt=attempt.id,
         nnodes=launch.rdzv.nnodes,

@@ -24,6 +24,7 @@ from trainer.attempt import (
     PREEMPTED,
     RUNNING,
     Attempt,
+    Diverged,
     RankStatus,
     Summary,
     read_json,
@@ -49,6 +50,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
     needs_fix: str | None = None  # the failing rank's RankStatus.needs_fix: a rerun fails the same way
+    diverged: dict[str, Any] | None = None  # trainer.attempt.Diverged: reason is its one line
 
 
 def torchrun_error_files(attempt_dir: Path, nproc: int) -> dict[int, dict[str, Any]]:
@@ -136,10 +138,17 @@ def _failure(
     rc: int,
     stderr_tail: list[str],
 ) -> Verdict:
-    """Failed: name the rank that caused it; a rank out of space or quota comes first (said in one line)."""
+    """Failed: name the rank that caused it; a rank out of space or quota comes first, then a diverged
+    run (each said in one line)."""
     for r, rec in sorted(records.items()):
         if rec and rec.out_of_space:
             return Verdict(FAILED, reason=rec.error, failed_rank=r, out_of_space=rec.out_of_space)
+    for _, rec in sorted(records.items()):
+        found = Diverged.from_json(rec.diverged) if rec else None
+        if (
+            rec is not None and found is not None
+        ):  # every rank stopped on the same non-finite step (trainer/divergence.py)
+            return Verdict(FAILED, reason=found.line(), failed_rank=found.rank, diverged=rec.diverged)
     for r, rec in records.items():
         if rec and rec.status == FAILED:
             errors[r] = {"error": rec.error or "", "time": rec.time}
