@@ -10,7 +10,10 @@ This module is the one owner of those files; the launcher (trainer/launcher/) an
         progress.json     Progress, rank 0, every step: first/last step, last losses, last checkpoint
         stop              the stop request (exists = every rank stops at its next safe point)
         node<N>/          torchrun's per-node log dir (error files of failed ranks)
+        hung.node<N>.json Hung, the launcher of node N when its stall detector fired (stacks/ beside it)
     RUN_DIR/summary.json  Summary: the honest outcome of the last run (one builder: Summary(...))
+    RUN_DIR/hangs.json    every hang of the run (step, attempt): a second hang at the same step fails
+                          for good instead of being requeued (it survives the requeue)
 
 Statuses and the launcher's exit codes live here too (documented in the README and `bin/train --help`).
 """
@@ -35,6 +38,7 @@ ATTEMPTS_DIR = "attempts"
 CONFIG_NAME = "config.json"
 PROGRESS_NAME = "progress.json"
 STOP_NAME = "stop"
+HANGS_NAME = "hangs.json"
 # A rank whose record cannot be written (a full disk) prints it on stderr behind this prefix instead;
 # the launcher takes such lines out of the stream it shows and reads them as records.
 RECORD_LINE_PREFIX = "[lingbot-record] "
@@ -124,6 +128,24 @@ class Progress:
 
 
 @dataclass
+class Hung:
+    """hung.node<N>.json and summary.json's `hung`: what the launcher's stall detector saw on one node."""
+
+    node: int
+    line: str  # the one line it said: how long without a step, the median step time, the silent ranks
+    last_step: int | None  # the last step any rank completed (None: none in this attempt)
+    silent_ranks: list[int]
+    stalled_s: float  # seconds without a completed step when it fired
+    limit_s: float
+    median_step_s: float | None
+    stack_files: dict[str, str]  # rank -> file with its Python stacks (py-spy dump)
+    innermost: dict[str, str]  # rank -> its main thread's innermost frame, one line each
+    stopped_ranks: list[int] = field(default_factory=list)  # ranks the OS reported stopped (SIGSTOP)
+    policy: str = "fail"  # fail | requeue (config hang.policy, resolved)
+    requeue: str | None = None  # what came of the requeue (None: not asked)
+
+
+@dataclass
 class Summary:
     """RUN_DIR/summary.json, one schema for every outcome; every key is always present (None if unknown)."""
 
@@ -150,6 +172,7 @@ class Summary:
     data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
     damaged_checkpoints: list[dict[str, Any]] | None = None  # moved aside: {step, path, moved_to, problem}
+    hung: dict[str, Any] | None = None  # Hung, when the launcher's stall detector ended the attempt
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None
@@ -270,12 +293,41 @@ class Attempt:
         data = _read_json(self.dir / PROGRESS_NAME) or {}
         return Progress(**_known(Progress, data))
 
+    # the stall detector's record
+    def hung_path(self, node: int) -> Path:
+        return self.dir / f"hung.node{node}.json"
+
+    def write_hung(self, record: Hung) -> None:
+        write_json_atomic(self.hung_path(record.node), dataclasses.asdict(record))
+
+    def read_hung(self, node: int) -> Hung | None:
+        data = _read_json(self.hung_path(node))
+        try:
+            return Hung(**_known(Hung, data)) if data is not None else None
+        except TypeError:
+            return None
+
     # the stop request
     def request_stop(self) -> None:
         self.stop_file.touch()
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
+
+
+def read_hangs(run_dir: Path) -> list[dict[str, Any]]:
+    """RUN_DIR/hangs.json: every hang of this run, oldest first ({attempt, step, time})."""
+    data = _read_json(Path(run_dir) / HANGS_NAME) or {}
+    hangs = data.get("hangs")
+    return [h for h in hangs if isinstance(h, dict)] if isinstance(hangs, list) else []
+
+
+def record_hang(run_dir: Path, attempt_id: str, step: int | None) -> list[dict[str, Any]]:
+    """Add this hang to RUN_DIR/hangs.json; returns the hangs recorded before it."""
+    before = read_hangs(run_dir)
+    entry = {"attempt": attempt_id, "step": step, "time": time.time()}
+    write_json_atomic(Path(run_dir) / HANGS_NAME, {"hangs": [*before, entry]})
+    return before
 
 
 def prune_attempts(run_dir: Path, keep: int) -> None:

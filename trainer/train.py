@@ -58,6 +58,7 @@ from trainer.rank import (
     StopRequest,
     agree_on_failure,
     init_distributed,
+    leave_last_on_node_0,
     pause_point,
     raise_if_any,
     record_quiet_failure,
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = attempt.read_config()
     stop = StopRequest(attempt)
 
-    rank, _, _, device = init_distributed()
+    rank, _, _, device = init_distributed(cfg.hang.collective_timeout_s)
     attempt.write_rank(RankStatus(rank, RUNNING))
     try:
         train(cfg, run_dir, device, attempt, stop, started)
@@ -323,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         # the launcher from this record; the detail goes to the attempt's log, not the terminal.
         record_quiet_failure(attempt, rank, cfg, space, exc)
     dist.destroy_process_group()
+    leave_last_on_node_0()  # several nodes: node 0's torchrun hosts the store, it must leave last
     testhooks.abort_after_destroy(rank)  # test hook: the teardown SIGABRT, deterministically
     return 0
 

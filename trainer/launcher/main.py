@@ -57,7 +57,7 @@ from trainer.attempt import (
 from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, load_config, parse_set
-from trainer.launcher import early, nodes, supervise
+from trainer.launcher import early, nodes, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
@@ -312,8 +312,13 @@ def _run(
     say(f"run dir {launch.run_dir}; attempt {rdzv.attempt}; {rdzv.nnodes} node(s) x {args.nproc} rank(s)")
     say("$ " + shlex.join(command))
 
-    torchrun = supervise.Torchrun(command, launch.env, attempt)
+    policy = stall.resolve_policy(launch.cfg.hang, environ)
+    detector = stall.StallDetector(launch.cfg.hang, attempt, rdzv.node_rank, launch.world_size, policy)
+    torchrun = supervise.Torchrun(command, launch.env, attempt, detector)
     rc = torchrun.wait()
+    requeue_hang = torchrun.hung is not None and stall.settle(
+        torchrun.hung, launch.run_dir, attempt, environ, args.no_requeue
+    )
     result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = EXIT_CODES[result.status]
     assert exit_code is not None
@@ -326,6 +331,8 @@ def _run(
     for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
         say(note)
     _report(launch, result, args, environ, signals)
+    if torchrun.hung is not None and torchrun.hung.requeue and rdzv.node_rank == 0:
+        say(supervise.requeue(environ) if requeue_hang else torchrun.hung.requeue)
     return exit_code
 
 

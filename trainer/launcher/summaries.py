@@ -140,6 +140,7 @@ def write_final_summary(
         torchrun_exit_code=rc,
         notes=result.notes,
         out_of_space=result.out_of_space,
+        hung=result.hung,
         damaged_checkpoints=launch.damaged,
         attempt=attempt.id,
         nnodes=launch.rdzv.nnodes,

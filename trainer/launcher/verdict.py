@@ -48,6 +48,7 @@ class Verdict:
     rank_error: str | None = None
     notes: list[str] = field(default_factory=list)
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
+    hung: dict[str, Any] | None = None  # trainer.attempt.Hung: the stall detector ended the attempt
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
