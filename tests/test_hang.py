@@ -38,7 +38,7 @@ TINY = [
     "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
     "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
     "checkpoint.every=2", "checkpoint.keep=3", "log.tensorboard=false",
-    f"hang.floor_s={FLOOR_S}", "hang.collective_timeout_s=600", "hang.policy=auto",
+    f"hang.floor_s={FLOOR_S}", "hang.start_s=500", "hang.collective_timeout_s=600", "hang.policy=auto",
 ]  # fmt: skip
 TIMEOUT = 400
 VERDICT_AFTER_FIRE_S = 60  # the stacks, the kill and the summary, at load average ~20 on 2 cores
@@ -49,8 +49,8 @@ VERDICT_AFTER_FIRE_S = 60  # the stacks, the kill and the summary, at load avera
 
 @pytest.mark.fast
 def test_the_limit_is_a_multiple_of_the_median_step_with_a_floor_and_a_ceiling():
-    clock = stall.StallClock(HangConfig(step_factor=10, floor_s=30, warm_up_steps=1), started=0.0)
-    assert clock.limit() == 30 and not clock.stalled(29) and clock.stalled(31)  # before any step
+    clock = stall.StallClock(HangConfig(step_factor=10, floor_s=30, start_s=45, warm_up_steps=1), started=0)
+    assert clock.limit() == 45 and not clock.stalled(44) and clock.stalled(46)  # before any step
     for step, t in [(1, 50.0), (2, 52.0), (3, 54.0), (4, 56.0), (5, 106.0)]:  # step 1 compiled; 5 saved
         clock.observe(step, t)
     assert clock.median() == 2.0 and clock.limit() == 30  # 10 x 2 s is below the floor
@@ -65,8 +65,11 @@ def test_the_limit_is_a_multiple_of_the_median_step_with_a_floor_and_a_ceiling()
 @pytest.mark.fast
 def test_the_collective_timeout_must_outlast_the_floor():
     cfg = RunConfig()
-    cfg.hang.collective_timeout_s = cfg.hang.floor_s
-    with pytest.raises(ConfigError, match=r"hang.collective_timeout_s .* must be longer than hang.floor_s"):
+    cfg.hang.collective_timeout_s = cfg.hang.start_s
+    with pytest.raises(
+        ConfigError,
+        match=r"hang.collective_timeout_s .* must be longer than hang.floor_s .* and hang.start_s",
+    ):
         cfg.validate()
     cfg.hang.collective_timeout_s, cfg.hang.policy = 10 * cfg.hang.floor_s, "retry"
     with pytest.raises(ConfigError, match="hang.policy must be one of auto, fail, requeue"):

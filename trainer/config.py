@@ -162,13 +162,15 @@ class HangConfig:
 
     No rank completing a step for `limit` seconds is a hang, where limit = step_factor x the median step
     time after warm_up_steps, at least floor_s (which must cover a checkpoint save, the first compiled
-    step, an evaluation, and the ranks' start-up before their first step), at most 0.9 x
-    collective_timeout_s: the launcher speaks first, the backend's timeout is the backstop.
+    step and an evaluation), at most 0.9 x collective_timeout_s: the launcher speaks first, the backend's
+    timeout is the backstop. Before an attempt's first step the limit is start_s, from torchrun's start
+    (the ranks' start-up: imports, the model, resume, the dataset, the first compiled step).
     """
 
     policy: str = "auto"  # auto: requeue under Slurm, fail elsewhere | fail | requeue
     step_factor: float = 10.0
     floor_s: float = 900.0
+    start_s: float = 1500.0
     warm_up_steps: int = 1  # steps of each attempt left out of the median (the first one compiles)
     collective_timeout_s: float = 1800.0  # init_process_group(timeout=): gloo's waits, NCCL's watchdog
 
@@ -240,13 +242,13 @@ def _hang_checks(h: HangConfig) -> list[tuple[bool, str]]:
     return [
         (h.policy in HANG_POLICIES, f"hang.policy must be one of {', '.join(HANG_POLICIES)}"),
         (h.step_factor >= 2, "hang.step_factor must be >= 2 (a multiple of the median step time)"),
-        (h.floor_s > 0, "hang.floor_s must be > 0 seconds"),
+        (h.floor_s > 0 and h.start_s > 0, "hang.floor_s and hang.start_s must be > 0 seconds"),
         (h.warm_up_steps >= 0, "hang.warm_up_steps must be >= 0"),
         (
-            h.collective_timeout_s * 0.9 > h.floor_s,
+            h.collective_timeout_s * 0.9 > max(h.floor_s, h.start_s),
             f"hang.collective_timeout_s ({h.collective_timeout_s:g}) must be longer than hang.floor_s "
-            f"({h.floor_s:g}) / 0.9, so that the launcher's stall detector speaks before the backend's "
-            "timeout; raise hang.collective_timeout_s or lower hang.floor_s",
+            f"({h.floor_s:g}) and hang.start_s ({h.start_s:g}) / 0.9, so that the launcher's stall "
+            "detector speaks before the backend's timeout; raise hang.collective_timeout_s or lower those",
         ),
     ]
 

@@ -7,8 +7,9 @@ ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/a
 
 The limit (config `hang`, trainer/config.py HangConfig): step_factor x the median step time of this
 attempt after its first warm_up_steps steps, at least floor_s, at most 0.9 x collective_timeout_s (the
-backend's own timeout is the backstop and must come later). Before the first step the floor alone
-applies, counted from torchrun's start: it covers the ranks' start-up and the first compiled step.
+backend's own timeout is the backstop and must come later). Before the attempt's first step the limit
+is start_s, counted from torchrun's start: the ranks' start-up (imports, model, resume, dataset) and the
+first compiled step.
 
 Stacks: py-spy (`py-spy dump --nonblocking`), not a faulthandler signal the ranks register: a rank
 that is stopped (SIGSTOP, a frozen node, a process stuck in the kernel) cannot run a signal handler,
@@ -83,6 +84,8 @@ class StallClock:
         return statistics.median(self.step_times) if self.step_times else None
 
     def limit(self) -> float:
+        if self.last_step is None:  # no step yet in this attempt: the start-up limit
+            return min(self.cfg.start_s, CEILING * self.cfg.collective_timeout_s)
         median = self.median()
         derived = self.cfg.step_factor * median if median is not None else 0.0
         return min(max(self.cfg.floor_s, derived), CEILING * self.cfg.collective_timeout_s)
