@@ -260,3 +260,51 @@ def test_a_slow_but_live_step_is_not_a_hang(tmp_path, data_dir, base_env):
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["hung"] is None, summary
     assert summary["timing"] is not None
+
+
+# --- heavy: under the test Slurm ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    from tests.support.slurm import SlurmCluster, SlurmUnavailable
+
+    try:
+        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5)
+    except SlurmUnavailable as exc:
+        pytest.skip(f"no Slurm here: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.mark.heavy
+def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good(tmp_path, base_env, slurm):
+    run_dir, pause = tmp_path / "run", tmp_path / "pause"
+    pause.mkdir()
+    script = tmp_path / "job.sbatch"
+    argv = [str(REPO / "bin" / "train"), "furniture_train", "2", "--cpu-scale", "--run-dir", str(run_dir)]
+    for item in [*TINY, f"data.path={tmp_path / 'episodes'}"]:
+        argv += ["--set", item]
+    argv += ["--cpus-per-task", "2", "--sbatch", str(script)]
+    # rank 1 parks at step 4 in every attempt and is never released: a deterministic hang
+    env = {**base_env, "LINGBOT_TEST_PAUSE_AT": "step:4", "LINGBOT_TEST_PAUSE_RANK": "1",
+           "LINGBOT_TEST_PAUSE_DIR": str(pause)}  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    job = slurm.sbatch(script, env=env)
+    record = slurm.wait(
+        job, lambda j: j.get("JobState") in {"COMPLETED", "FAILED", "CANCELLED"} and int(j["Restarts"]) >= 1,
+        timeout=1500, what="the requeued job's end",
+    )  # fmt: skip
+    log = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("slurm-*.out")))
+    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0" and record["Restarts"] == "1", (
+        record, log[-6000:],
+    )  # fmt: skip
+    assert log.count("ranks 0, 1 silent since step 3") >= 2 and f"requeued Slurm job {job}" in log, log[
+        -6000:
+    ]
+    assert "Traceback" not in log, log[-6000:]
+    result = json.loads((run_dir / "summary.json").read_text())
+    assert result["status"] == "failed" and result["resumed_from"] == 2, result
+    assert "second hang after step 3" in result["hung"]["requeue"], result["hung"]
+    assert [h["step"] for h in read_hangs(run_dir)] == [3, 3]

@@ -331,8 +331,8 @@ def _run(
     for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
         say(note)
     _report(launch, result, args, environ, signals)
-    if torchrun.hung is not None and torchrun.hung.requeue and rdzv.node_rank == 0:
-        say(supervise.requeue(environ) if requeue_hang else torchrun.hung.requeue)
+    if torchrun.hung is not None and torchrun.hung.policy == "requeue" and rdzv.node_rank == 0:
+        say(supervise.requeue(environ) if requeue_hang else str(torchrun.hung.requeue))
     return exit_code
 
 
