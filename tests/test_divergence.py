@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.attempt import Diverged
 from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame
+from trainer.outcomes import Diverged
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [

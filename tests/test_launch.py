@@ -56,12 +56,12 @@ class FakeTorchrun:
 
     calls: list = []
 
-    def __init__(self, command, env, attempt, log=None):
+    def __init__(self, command, env, attempt, detector=None, log=None):
         FakeTorchrun.calls.append((command, env, attempt.dir))
         # what summary.json says while the ranks would be starting
         FakeTorchrun.summary_at_start = json.loads((attempt.dir.parent.parent / "summary.json").read_text())
         self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
-        self.stopped_before_ranks = None
+        self.stopped_before_ranks = self.hung = None
 
     def wait(self):
         return 0

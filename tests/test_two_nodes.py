@@ -35,7 +35,9 @@ TINY = [
     "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
     "checkpoint.every=2", "checkpoint.keep=3", "log.tensorboard=false",
 ]  # fmt: skip
-TIMEOUT = 240
+# A deadline, not a duration: a tiny run takes ~1 min on a quiet host, and it has to hold on this shared
+# 2-core host at load average 35-45 (the dataset generation and torch imports alone took over 240 s there).
+TIMEOUT = 600
 # A stop in the rendezvous: the launcher says so within PROMPT_S and has exited within EXIT_S (torchrun's
 # join timeout is 600 s). The exit includes the interpreter's teardown of torch: ~1 s of CPU, 8-10 s on
 # this 2-core host at load average 15-20.
@@ -186,8 +188,9 @@ def test_a_stop_to_one_launcher_saves_on_both_and_a_rerun_resumes_bitwise(
     assert node1.finish() == 75, node1.output()
     assert node0.finish() == 75, node0.output()
     assert "received SIGUSR1" in node1.output(), node1.output()
-    for launcher in (node0, node1):
-        assert "Traceback" not in launcher.output(), launcher.output()
+    for launcher in (node0, node1):  # node 0's torchrun hosts the store and leaves last (issue 19 item 3)
+        for crash in ("Traceback", "TCPStore", "exit barrier"):
+            assert crash not in launcher.output(), launcher.output()
     stopped = summary(run_dir)
     assert stopped["status"] == "preempted" and stopped["last_complete_checkpoint"]["step"] == 3, stopped
     assert "stopping at step 3 " in node0.output(), node0.output()
@@ -254,7 +257,7 @@ def test_a_stop_while_waiting_in_the_rendezvous_acts_at_once(tmp_path, data_dir,
     lines = [line for line in out.splitlines() if f"received {sig.name}" in line]
     assert len(lines) == 1, out
     assert "while torchrun waited in its rendezvous for all 2 nodes: no rank started" in lines[0], out
-    assert "(exit 75)" in lines[0], out
+    assert "exit 75" in lines[0], out
     if node == 0:
         result = summary(run_dir)
         assert result["status"] == "preempted" and result["exit_code"] == 75, result

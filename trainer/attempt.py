@@ -12,7 +12,10 @@ This module is the one owner of those files; the launcher (trainer/launcher/) an
         node<N>/          torchrun's per-node log dir (error files of failed ranks)
         node<N>.log       the launcher's copy of node N's torchrun stderr (the terminal gets it without
                           tracebacks); rank_<R>.log: the traceback of rank R's failure
+        hung.node<N>.json Hung, the launcher of node N when its stall detector fired (stacks/ beside it)
     RUN_DIR/summary.json  Summary: the honest outcome of the last run (one builder: Summary(...))
+    RUN_DIR/hangs.json    every hang of the run (step, attempt): a second hang at the same step fails
+                          for good instead of being requeued (it survives the requeue)
 
 Statuses and the launcher's exit codes live here too (documented in the README and `bin/train --help`).
 """
@@ -31,12 +34,14 @@ from typing import Any
 
 from provision.atomic import write_json_atomic
 from trainer.config import RunConfig, config_from_dict
+from trainer.outcomes import Hung, known_fields
 
 SUMMARY_NAME = "summary.json"
 ATTEMPTS_DIR = "attempts"
 CONFIG_NAME = "config.json"
 PROGRESS_NAME = "progress.json"
 STOP_NAME = "stop"
+HANGS_NAME = "hangs.json"
 # A rank whose record cannot be written (a full disk) prints it on stderr behind this prefix instead;
 # the launcher takes such lines out of the stream it shows and reads them as records.
 RECORD_LINE_PREFIX = "[lingbot-record] "
@@ -73,12 +78,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """The keys of `data` that are fields of dataclass `cls` (older or newer writers may differ)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
 @dataclass(frozen=True)
 class CheckpointRef:
     step: int
@@ -105,51 +104,6 @@ def parse_record_line(line: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) and isinstance(data.get("rank"), int) else None
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.4g}"
-
-
-@dataclass
-class Diverged:
-    """A run stopped on non-finite values (trainer/divergence.py finds them): carried by the rank records
-    and summary.json (`diverged`); its line() is the launcher's one line."""
-
-    step: int
-    quantity: str  # latent_loss | action_loss | grad_norm | the tensor a refused checkpoint save named
-    value: str  # nan | inf | -inf
-    rank: int | None  # the first rank whose own value is non-finite; None: no single rank's (grad_norm)
-    values: dict[str, float]  # the step's reduced latent_loss, action_loss, grad_norm
-    policy: str = "stop"  # train.nonfinite
-    skipped: int = 0  # steps skipped before this one (train.nonfinite=skip)
-    last_finite_checkpoint: dict[str, Any] | None = None  # {step, path}; every saved checkpoint is finite
-
-    def line(self) -> str:
-        where = (
-            f"on rank {self.rank}" if self.rank is not None else "on every rank (their own losses are finite)"
-        )
-        order = ("latent_loss", "action_loss", "grad_norm")  # fixed: the JSON round trip sorts keys
-        named = sorted(self.values.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 3)
-        others = ", ".join(f"{k} {_fmt(v)}" for k, v in named if k != self.quantity)
-        ckpt = self.last_finite_checkpoint
-        if ckpt is not None:
-            last = f"the last finite checkpoint is {Path(ckpt['path']).name}"
-            again = f"run the same command again (it resumes from step {ckpt['step']}) --set train.lr=<lower>"
-        else:
-            last, again = "no checkpoint was saved before it", "start again with --set train.lr=<lower>"
-        skipped = f" after {self.skipped} skipped step(s) (train.nonfinite=skip)" if self.skipped else ""
-        return (
-            f"diverged at step {self.step}{skipped}: {self.quantity} is {self.value} {where} ({others}); "
-            f"{last}; fix: lower train.lr / check the data / {again}"
-        )
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Diverged | None:
-        try:
-            return cls(**_known(cls, data)) if isinstance(data, dict) else None
-        except TypeError:
-            return None
 
 
 @dataclass
@@ -212,6 +166,7 @@ class Summary:
     diverged: dict[str, Any] | None = None  # Diverged: stopped on non-finite values (status failed)
     nonfinite_skipped: list[int] | None = None  # steps whose update was skipped (train.nonfinite=skip)
     grad_norm_max: dict[str, Any] | None = None  # {value, step}: the largest grad_norm seen in this attempt
+    hung: dict[str, Any] | None = None  # Hung, when the launcher's stall detector ended the attempt
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None
@@ -232,7 +187,7 @@ class Summary:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Summary | None:
         try:
-            return cls(**_known(cls, data))
+            return cls(**known_fields(cls, data))
         except (TypeError, ValueError):
             return None
 
@@ -324,7 +279,7 @@ class Attempt:
         if data is None:
             return None
         try:
-            return RankStatus(**_known(RankStatus, data))
+            return RankStatus(**known_fields(RankStatus, data))
         except TypeError:
             return None
 
@@ -334,7 +289,21 @@ class Attempt:
 
     def read_progress(self) -> Progress:
         data = read_json(self.dir / PROGRESS_NAME) or {}
-        return Progress(**_known(Progress, data))
+        return Progress(**known_fields(Progress, data))
+
+    # the stall detector's record
+    def hung_path(self, node: int) -> Path:
+        return self.dir / f"hung.node{node}.json"
+
+    def write_hung(self, record: Hung) -> None:
+        write_json_atomic(self.hung_path(record.node), dataclasses.asdict(record))
+
+    def read_hung(self, node: int) -> Hung | None:
+        data = read_json(self.hung_path(node))
+        try:
+            return Hung(**known_fields(Hung, data)) if data is not None else None
+        except TypeError:
+            return None
 
     # the stop request
     def request_stop(self) -> None:
@@ -342,6 +311,21 @@ class Attempt:
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
+
+
+def read_hangs(run_dir: Path) -> list[dict[str, Any]]:
+    """RUN_DIR/hangs.json: every hang of this run, oldest first ({attempt, step, time})."""
+    data = read_json(Path(run_dir) / HANGS_NAME) or {}
+    hangs = data.get("hangs")
+    return [h for h in hangs if isinstance(h, dict)] if isinstance(hangs, list) else []
+
+
+def record_hang(run_dir: Path, attempt_id: str, step: int | None) -> list[dict[str, Any]]:
+    """Add this hang to RUN_DIR/hangs.json; returns the hangs recorded before it."""
+    before = read_hangs(run_dir)
+    entry = {"attempt": attempt_id, "step": step, "time": time.time()}
+    write_json_atomic(Path(run_dir) / HANGS_NAME, {"hangs": [*before, entry]})
+    return before
 
 
 def prune_attempts(run_dir: Path, keep: int) -> None:

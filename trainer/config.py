@@ -164,6 +164,28 @@ class LogConfig:
 
 
 @dataclass
+class HangConfig:
+    """The launcher's stall detector (trainer/launcher/stall.py) and the backend's collective timeout.
+
+    No rank completing a step for `limit` seconds is a hang, where limit = step_factor x the median step
+    time after warm_up_steps, at least floor_s (which must cover a checkpoint save, the first compiled
+    step and an evaluation), at most 0.9 x collective_timeout_s: the launcher speaks first, the backend's
+    timeout is the backstop. Before an attempt's first step the limit is start_s, from torchrun's start
+    (the ranks' start-up: imports, the model, resume, the dataset, the first compiled step).
+    """
+
+    policy: str = "auto"  # auto: requeue under Slurm, fail elsewhere | fail | requeue
+    step_factor: float = 10.0
+    floor_s: float = 900.0
+    start_s: float = 1500.0
+    warm_up_steps: int = 1  # steps of each attempt left out of the median (the first one compiles)
+    collective_timeout_s: float = 1800.0  # init_process_group(timeout=): gloo's waits, NCCL's watchdog
+
+
+HANG_POLICIES = ("auto", "fail", "requeue")
+
+
+@dataclass
 class RunConfig:
     name: str = "furniture_train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -173,6 +195,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

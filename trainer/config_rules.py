@@ -203,6 +203,18 @@ RULES: dict[str, Rule | Free] = {
     "checkpoint.export": _one_of("none", "reference"),
     "checkpoint.async_save": BOOL,
     "checkpoint.skip_space_check": BOOL,
+    # hang (the launcher's stall detector; the backend's timeout must outlast its limits)
+    "hang.policy": _one_of("auto", "fail", "requeue"),
+    "hang.step_factor": Rule(">= 2 (a multiple of the median step time)", lambda v, c: v >= 2, "1"),
+    "hang.floor_s": POSITIVE,
+    "hang.start_s": POSITIVE,
+    "hang.warm_up_steps": NON_NEGATIVE,
+    "hang.collective_timeout_s": Rule(
+        "longer than max(hang.floor_s, hang.start_s) / 0.9, so that the stall detector speaks before the "
+        "backend's timeout (raise it or lower those)",
+        lambda v, c: v * 0.9 > max(c.hang.floor_s, c.hang.start_s),
+        "60",
+    ),
     # profile
     "profile.enabled": BOOL,
     "profile.wait": NON_NEGATIVE,

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from trainer.attempt import Diverged
 from trainer.checkpoint_layout import MARKER, CheckpointInfo
+from trainer.outcomes import Diverged
 
 APPLY, SKIP, STOP = "apply", "skip", "stop"
 QUANTITIES = ("latent_loss", "action_loss")  # per-rank slots, in this order

@@ -8,9 +8,11 @@ pause_point: the test hook (trainer/testhooks.py) that parks a rank until releas
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
+import time
 import traceback
 from types import FrameType
 
@@ -48,22 +50,57 @@ class StopRequest:
 
 
 def pause_point(point: str, step: int, rank: int) -> None:
-    """Test hook (trainer/testhooks.py): park this rank at `point` of `step` when a test asks."""
+    """Test hooks (trainer/testhooks.py): park or slow this rank at `point` of `step` when a test asks."""
+    testhooks.sleep(point, step, rank)
     testhooks.pause(point, step, rank)
 
 
-def init_distributed() -> tuple[int, int, int, torch.device]:
+def init_distributed(collective_timeout_s: float | None = None) -> tuple[int, int, int, torch.device]:
+    """The process group; `collective_timeout_s` (config hang.collective_timeout_s) bounds every wait in
+    a collective (gloo) and is NCCL's watchdog timeout: the backstop behind the launcher's stall detector."""
     if "RANK" not in os.environ:
         sys.exit("trainer.train is one rank of a torchrun job: run it with bin/train (or torchrun)")
     rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    timeout = datetime.timedelta(seconds=collective_timeout_s) if collective_timeout_s else None
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return rank, world_size, local_rank, device
+
+
+# torchrun's exit barrier (torch.distributed.elastic.agent.server.api._exit_barrier, torch 2.13): every
+# agent adds 1 to this key of the agents' store, the one whose add makes it nnodes sets a flag, all wait
+# for the flag. The store lives in node 0's torchrun: when node 0's agent passes first and exits while
+# another agent is between its add and its wait, that one prints TCPStore and exit-barrier tracebacks.
+EXIT_BARRIER_COUNT = "{run_id}/torchelastic/agent/terminal_state/num_members"
+LEAVE_LAST_WAIT_S = 60.0
+LEAVE_LAST_GRACE_S = 2.0  # after the others' adds: their next store call, the wait, is one call away
+
+
+def leave_last_on_node_0() -> None:
+    """On node 0 of several, after a clean end: exit only once every other node's torchrun has checked
+    in to the exit barrier (plus a grace), so that node 0's torchrun, which hosts the store, is the last
+    to arrive and the first to leave, and no agent loses the store mid-barrier. Bounded; never raises."""
+    env = os.environ
+    try:
+        nodes = int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"])
+        if int(env.get("GROUP_RANK", "0")) != 0 or nodes < 2:
+            return
+        key = EXIT_BARRIER_COUNT.format(run_id=env["TORCHELASTIC_RUN_ID"])
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=10))  # fmt: skip
+        deadline = time.monotonic() + LEAVE_LAST_WAIT_S
+        while time.monotonic() < deadline:
+            if store.add(key, 0) >= nodes - 1:  # add 0: read the count without changing it
+                time.sleep(LEAVE_LAST_GRACE_S)
+                return
+            time.sleep(0.05)  # polling the store with a deadline
+    except (KeyError, ValueError, RuntimeError, dist.DistError):
+        return
 
 
 def agree_on_failure(failure: OutOfSpace | None, device: torch.device) -> None:

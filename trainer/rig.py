@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from trainer.attempt import COMPLETED, Diverged
+from trainer.attempt import COMPLETED
 from trainer.checkpoint import Checkpointer, CheckpointInfo
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace
 from trainer.divergence import APPLY, NonfinitePolicy, SpikeWatch
+from trainer.outcomes import Diverged
 from trainer.timing import StepBreakdown
 
 

@@ -8,6 +8,8 @@ Variables (each: what it does):
   `$LINGBOT_TEST_PAUSE_DIR/release` exists; signals still arrive.
 - `LINGBOT_TEST_PAUSE_RANK=<rank>`: which rank `LINGBOT_TEST_PAUSE_AT` parks (default 0).
 - `LINGBOT_TEST_PAUSE_DIR=<dir>`: where a pause announces itself and waits for its release.
+- `LINGBOT_TEST_SLEEP_AT=<point>:<step>:<rank>:<seconds>`: that rank, reaching `pause(point, step, rank)`,
+  sleeps that long and carries on (a slow but live step, for the stall detector's tests).
 - `LINGBOT_TEST_ABORT_AFTER_DESTROY=<rank>`: that rank calls `os.abort()` right after
   `destroy_process_group` (the teardown SIGABRT, deterministically).
 - `LINGBOT_TEST_NAN_AT=<steps>:<rank>[:<quantity>]` (steps: `3`, `2-4`, `2,4-5`): on that rank, at those
@@ -43,6 +45,14 @@ def pause(point: str, step: int, rank: int | None = None) -> None:
     write_json_atomic(pause_dir / "reached", record)
     while not (pause_dir / "release").exists():
         time.sleep(0.02)  # polling a file the test writes: the release is the synchronisation
+
+
+def sleep(point: str, step: int, rank: int) -> None:
+    """`LINGBOT_TEST_SLEEP_AT=<point>:<step>:<rank>:<seconds>`: a slow step on that rank (it stays alive)."""
+    spec = os.environ.get("LINGBOT_TEST_SLEEP_AT", "")
+    where, _, seconds = spec.rpartition(":")
+    if spec and where == f"{point}:{step}:{rank}":
+        time.sleep(float(seconds))  # the slowness is what the test asks for, not a synchronisation
 
 
 def abort_after_destroy(rank: int) -> None:

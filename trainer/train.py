@@ -44,7 +44,6 @@ from trainer.attempt import (
     PREEMPTED,
     RUNNING,
     Attempt,
-    Diverged,
     RankStatus,
     checkpoint_json,
     summary_path,
@@ -58,12 +57,14 @@ from trainer.diskspace import find_out_of_space, guard
 from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.metrics import Metrics
 from trainer.observe import Observers, final_summary, record_step
+from trainer.outcomes import Diverged
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.rank import (
     StopRequest,
     agree_on_failure,
     init_distributed,
+    leave_last_on_node_0,
     pause_point,
     raise_if_any,
     record_failure,
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = attempt.read_config()
     stop = StopRequest(attempt)
 
-    rank, _, _, device = init_distributed()
+    rank, _, _, device = init_distributed(cfg.hang.collective_timeout_s)
     attempt.write_rank(RankStatus(rank, RUNNING))
     try:
         train(cfg, run_dir, device, attempt, stop, started)
@@ -361,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         # the launcher from this record; the detail goes to the attempt's log, not the terminal.
         record_quiet_failure(attempt, rank, cfg, space, exc)
     dist.destroy_process_group()
+    leave_last_on_node_0()  # several nodes: node 0's torchrun hosts the store, it must leave last
     testhooks.abort_after_destroy(rank)  # test hook: the teardown SIGABRT, deterministically
     return 0
 

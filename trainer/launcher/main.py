@@ -38,14 +38,12 @@ from typing import Any
 from provision.jsonout import JsonRequest, outcome
 from provision.paths import repo_root
 from trainer.attempt import (
-    COMPLETED,
     EXIT_CODES,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
     EXIT_USAGE,
-    PREEMPTED,
     PREFLIGHT_FAILED,
     Attempt,
     prune_attempts,
@@ -56,7 +54,7 @@ from trainer.checkpoint import resume_conflicts, scan
 from trainer.checkpoint_layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, parse_set, resolve_config
 from trainer.divergence import nonfinite_in_checkpoint
-from trainer.launcher import early, nodes, supervise
+from trainer.launcher import early, nodes, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
@@ -70,12 +68,12 @@ from trainer.launcher.summaries import (
     CONFIG_ERROR_NEXT,
     next_run_line,
     preflight_failed,
+    report_outcome,
     settle_finished_run,
     stopped_before_start,
     write_final_summary,
     write_running_summary,
 )
-from trainer.launcher.verdict import Verdict
 from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10
@@ -329,8 +327,14 @@ def _run(
     say(f"run dir {launch.run_dir}; attempt {rdzv.attempt}; {rdzv.nnodes} node(s) x {args.nproc} rank(s)")
     say("$ " + shlex.join(command))
 
-    torchrun = supervise.Torchrun(command, launch.env, attempt, log=attempt.output_log(rdzv.node_rank))
+    policy = stall.resolve_policy(launch.cfg.hang, environ)
+    detector = stall.StallDetector(launch.cfg.hang, attempt, rdzv.node_rank, launch.world_size, policy)
+    log = attempt.output_log(rdzv.node_rank)
+    torchrun = supervise.Torchrun(command, launch.env, attempt, detector, log=log)
     rc = torchrun.wait()
+    requeue_hang = torchrun.hung is not None and stall.settle(
+        torchrun.hung, launch.run_dir, attempt, environ, args.no_requeue
+    )
     result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = EXIT_CODES[result.status]
     assert exit_code is not None
@@ -342,37 +346,10 @@ def _run(
                         "attempt": attempt.id, "failed_rank": result.failed_rank}  # fmt: skip
     for note in write_back_compile_caches(launch.env):  # also after a stop: the requeue needs them
         say(note)
-    _report(launch, attempt, result, args, environ, signals)
+    report_outcome(launch, attempt, result, args.no_requeue, environ, signals)
+    if torchrun.hung is not None and torchrun.hung.policy == "requeue" and rdzv.node_rank == 0:
+        say(supervise.requeue(environ) if requeue_hang else str(torchrun.hung.requeue))
     return exit_code
-
-
-def _report(
-    launch: Launch,
-    attempt: Attempt,
-    result: Verdict,
-    args: argparse.Namespace,
-    environ: dict[str, str],
-    signals: list[str],
-) -> None:
-    for note in result.notes:
-        say(note)
-    summary = summary_path(launch.run_dir)
-    if result.status == COMPLETED:
-        say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
-        return
-    if result.status == PREEMPTED:
-        say(f"preempted ({result.reason}), exit {EXIT_PREEMPTED}: run the same command again; "
-            + next_run_line(launch.run_dir, launch.cfg))  # fmt: skip
-        if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
-            say(supervise.slurm_after_stop(signals, environ, args.no_requeue))
-        return
-    # one line: the failing rank's error (out of space: filesystem, path, free, needed, the fix) and what
-    # the next run does; the tracebacks stay in the attempt's files
-    needs_fix = "there is room" if result.out_of_space else result.needs_fix
-    if result.diverged:  # the same config diverges the same way: the fix is in the line's reason
-        needs_fix = needs_fix or "the cause is fixed (lower train.lr, check the data)"
-    say(f"FAILED: {result.reason} (tracebacks and the ranks' output: {attempt.dir}/, summary: {summary}); "
-        + next_run_line(launch.run_dir, launch.cfg, needs_fix))  # fmt: skip
 
 
 def write_sbatch(args: argparse.Namespace, known: Known) -> int:

@@ -4,7 +4,7 @@ the final verdict. (Rank 0 writes its own at the end of the loop: trainer/observ
 
 And the last line of every outcome, `next_run_line`: what the next run of the same command will do,
 from what is on disk: resume from step N (named), start fresh, find the run complete, or fail the same
-way until the named fix is made.
+way until the named fix is made; `report_outcome` says it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from trainer.attempt import (
     COMPLETED,
+    EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
     PREEMPTED,
     PREFLIGHT_FAILED,
@@ -30,6 +31,7 @@ from trainer.attempt import (
 from trainer.checkpoint import scan
 from trainer.config import RunConfig
 from trainer.diskspace import OutOfSpace, guard
+from trainer.launcher import supervise
 from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch
 from trainer.launcher.verdict import Verdict
@@ -183,6 +185,7 @@ def write_final_summary(
         notes=result.notes,
         out_of_space=result.out_of_space,
         diverged=result.diverged or base.diverged,
+        hung=result.hung,
         damaged_checkpoints=launch.damaged,
         attempt=attempt.id,
         nnodes=launch.rdzv.nnodes,
@@ -201,3 +204,33 @@ def write_final_summary(
         )
         return False
     return True
+
+
+def report_outcome(
+    launch: Launch,
+    attempt: Attempt,
+    result: Verdict,
+    no_requeue: bool,
+    environ: dict[str, str],
+    signals: list[str],
+) -> None:
+    """The outcome on the terminal: the verdict's notes, then one line ending with what the next run does."""
+    for note in result.notes:
+        say(note)
+    summary = summary_path(launch.run_dir)
+    if result.status == COMPLETED:
+        say(f"completed {launch.cfg.train.steps} steps; summary {summary}")
+        return
+    if result.status == PREEMPTED:
+        say(f"preempted ({result.reason}), exit {EXIT_PREEMPTED}: run the same command again; "
+            + next_run_line(launch.run_dir, launch.cfg))  # fmt: skip
+        if environ.get("SLURM_JOB_ID") and launch.rdzv.node_rank == 0:
+            say(supervise.slurm_after_stop(signals, environ, no_requeue))
+        return
+    # one line: the failing rank's error (out of space: filesystem, path, free, needed, the fix) and what
+    # the next run does; the tracebacks stay in the attempt's files
+    needs_fix = "there is room" if result.out_of_space else result.needs_fix
+    if result.diverged:  # the same config diverges the same way: the fix is in the line's reason
+        needs_fix = needs_fix or "the cause is fixed (lower train.lr, check the data)"
+    say(f"FAILED: {result.reason} (tracebacks and the ranks' output: {attempt.dir}/, summary: {summary}); "
+        + next_run_line(launch.run_dir, launch.cfg, needs_fix))  # fmt: skip

@@ -42,8 +42,9 @@ from typing import Any, TextIO
 import psutil  # at import time: rank_pids runs in signal handlers, where a first import can re-enter
 
 from trainer import testhooks
-from trainer.attempt import Attempt, parse_record_line
+from trainer.attempt import Attempt, Hung, parse_record_line
 from trainer.launcher.console import TracebackFilter, say
+from trainer.launcher.stall import POLL_S, StallDetector, kill_tree
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
@@ -84,9 +85,19 @@ class Torchrun:
     """torchrun as a child in its own session; stop requests go to the ranks, not to torchrun itself
     (torchrun answers SIGTERM by signalling the ranks and SIGKILLing them 30 s later, mid-save)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], attempt: Attempt, log: Path | None = None):
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        attempt: Attempt,
+        detector: StallDetector | None = None,
+        log: Path | None = None,
+    ):
         self.attempt = attempt
         self.log = log  # every line of torchrun's stderr; the terminal gets it without tracebacks
+        self.detector = detector  # the stall detector (trainer/launcher/stall.py), polled while we wait
+        self.hung: Hung | None = None  # what it saw, once it ended the attempt
+        self.quiet = False  # after a hang: the dying ranks' output goes to the log only, not the terminal
         self.signals: list[str] = []
         self.stderr_tail: deque[str] = deque(maxlen=400)
         self.record_lines: dict[int, dict[str, Any]] = {}  # rank records a rank could only print (disk full)
@@ -129,7 +140,7 @@ class Torchrun:
                     log.flush()
                 except OSError:  # a full disk: the terminal still gets the line
                     log = None
-            if tracebacks.keep(line):
+            if tracebacks.keep(line) and not self.quiet:
                 sys.stderr.write(line)
                 sys.stderr.flush()
             self.stderr_tail.append(line)
@@ -186,14 +197,31 @@ class Torchrun:
                 pass
         return pids
 
+    def _watch(self) -> int:
+        """Wait for torchrun; meanwhile poll the stall detector, and end the attempt when it fires."""
+        assert self.proc is not None
+        while True:
+            try:
+                return self.proc.wait(timeout=POLL_S if self.detector and not self.hung else None)
+            except subprocess.TimeoutExpired:
+                pass
+            assert self.detector is not None
+            hung = self.detector.check(self.proc.pid)
+            if hung is not None:
+                self.hung, self.quiet = hung, True
+                say(hung.line)
+                files = ", ".join(hung.stack_files.values()) or "none (no rank process)"
+                say(f"stacks of every rank: {files}")
+                kill_tree(self.proc.pid)
+
     def wait(self) -> int:
         assert self.proc is not None
-        rc = self.proc.wait()
+        rc = self._watch()
         orphans = self._stop_orphans()  # before the pump: an orphan still holds torchrun's stderr pipe
         for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
             signal.signal(sig, _too_late)
         self._pump.join(timeout=10)
-        if rc < 0 and not self.stopped_before_ranks:
+        if rc < 0 and not self.stopped_before_ranks and not self.hung:
             how = _signal_name(-rc)
             self.killed_note = (
                 f"torchrun (pid {self.proc.pid}) was killed by {how} while its ranks ran"

@@ -24,12 +24,12 @@ from trainer.attempt import (
     PREEMPTED,
     RUNNING,
     Attempt,
-    Diverged,
     RankStatus,
     Summary,
     read_json,
     read_summary,
 )
+from trainer.outcomes import Diverged
 
 _COMM_ERROR = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|Socket Timeout|timed out|DistNetworkError|"
@@ -51,6 +51,7 @@ class Verdict:
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
     needs_fix: str | None = None  # the failing rank's RankStatus.needs_fix: a rerun fails the same way
     diverged: dict[str, Any] | None = None  # trainer.attempt.Diverged: reason is its one line
+    hung: dict[str, Any] | None = None  # trainer.attempt.Hung: the stall detector ended the attempt
 
 
 def torchrun_error_files(attempt_dir: Path, nproc: int) -> dict[int, dict[str, Any]]:

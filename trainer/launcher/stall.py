@@ -1,0 +1,273 @@
+"""The stall detector: a hung rank is a failure that is said, with where each rank is, not silence.
+
+The launcher polls the attempt's progress.json (rank 0 writes it after every step; a step completes on
+every rank at its collective, so one writer speaks for all) while it waits for torchrun. When no step
+has completed for longer than the limit, it says one line, records every local rank's Python stacks and
+ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
+
+The limit (config `hang`, trainer/config.py HangConfig): step_factor x the median step time of this
+attempt after its first warm_up_steps steps, at least floor_s, at most 0.9 x collective_timeout_s (the
+backend's own timeout is the backstop and must come later). Before the attempt's first step the limit
+is start_s, counted from torchrun's start: the ranks' start-up (imports, model, resume, dataset) and the
+first compiled step.
+
+Stacks: py-spy (`py-spy dump --nonblocking`), not a faulthandler signal the ranks register: a rank
+that is stopped (SIGSTOP, a frozen node, a process stuck in the kernel) cannot run a signal handler,
+so a faulthandler dump comes only from the healthy ranks, while py-spy reads the interpreter's memory
+from outside (process_vm_readv; root or the same user with ptrace allowed) and needs nothing from the
+rank: it names the frame of the stopped rank as well as the collective the others wait in. Without
+py-spy on PATH (or beside the launcher's python) the record says so and the attempt still ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from trainer.attempt import Attempt, Hung, record_hang
+from trainer.config import HangConfig
+
+POLL_S = 0.5  # how often the launcher looks at progress.json while torchrun runs
+CEILING = 0.9  # the limit never reaches this fraction of the collective timeout
+PY_SPY_TIMEOUT_S = 30.0
+STACKS_DIR = "stacks"
+
+
+def duration(seconds: float) -> str:
+    """4 min 10 s, 6.3 s, 1 h 2 min."""
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+@dataclass
+class StallClock:
+    """Completed steps as the launcher observes them, and the limit they imply."""
+
+    cfg: HangConfig
+    started: float  # monotonic: torchrun's start
+    last_step: int | None = None
+    last_change: float = 0.0
+    first_step: int | None = None
+    step_times: list[float] = field(default_factory=list)  # seconds per step, after warm-up
+
+    def __post_init__(self) -> None:
+        self.last_change = self.started
+
+    def observe(self, step: int | None, now: float) -> None:
+        """Feed the last completed step read from progress.json at monotonic time `now`."""
+        if step is None or step == self.last_step:
+            return
+        if self.last_step is not None and step > self.last_step and self.first_step is not None:
+            done = step - self.first_step  # steps completed in this attempt, this one included
+            if done > self.cfg.warm_up_steps:
+                per_step = (now - self.last_change) / (step - self.last_step)
+                self.step_times.extend([per_step] * min(step - self.last_step, 8))
+        if self.first_step is None:
+            self.first_step = step
+        self.last_step, self.last_change = step, now
+
+    def median(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+    def limit(self) -> float:
+        if self.last_step is None:  # no step yet in this attempt: the start-up limit
+            return min(self.cfg.start_s, CEILING * self.cfg.collective_timeout_s)
+        median = self.median()
+        derived = self.cfg.step_factor * median if median is not None else 0.0
+        return min(max(self.cfg.floor_s, derived), CEILING * self.cfg.collective_timeout_s)
+
+    def stalled_for(self, now: float) -> float:
+        return now - self.last_change
+
+    def stalled(self, now: float) -> bool:
+        return self.stalled_for(now) > self.limit()
+
+
+def rank_processes(torchrun_pid: int) -> dict[int, psutil.Process]:
+    """The local ranks under torchrun, by global rank (their RANK variable)."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        children = psutil.Process(torchrun_pid).children()
+    except psutil.Error:
+        return found
+    for child in children:
+        try:
+            if "trainer.train" in " ".join(child.cmdline()):
+                found[int(child.environ()["RANK"])] = child
+        except (psutil.Error, KeyError, ValueError):
+            pass
+    return found
+
+
+def py_spy() -> str | None:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def innermost_frame(dump: str) -> str | None:
+    """The first frame under the main thread's header in a `py-spy dump` (the innermost call)."""
+    lines = dump.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Thread ") and "MainThread" in line:
+            for frame in lines[i + 1 :]:
+                if frame.strip() and frame.startswith((" ", "\t")):
+                    return frame.strip()
+                if frame.startswith("Thread "):
+                    return None
+    return None
+
+
+def dump_stacks(procs: dict[int, psutil.Process], out_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """py-spy's dump of every rank into out_dir/rank_<R>.txt: (files by rank, innermost frame by rank)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tool = py_spy()
+    files: dict[str, str] = {}
+    innermost: dict[str, str] = {}
+    for rank, proc in sorted(procs.items()):
+        path = out_dir / f"rank_{rank}.txt"
+        if tool is None:
+            text = "py-spy not found (beside the launcher's python or on PATH): pip install py-spy\n"
+        else:
+            argv = [tool, "dump", "--nonblocking", "--pid", str(proc.pid)]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
+                text = done.stdout + (
+                    f"\n[py-spy exit {done.returncode}] {done.stderr}" if done.returncode else ""
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                text = f"py-spy failed: {exc}\n"
+        path.write_text(text)
+        files[str(rank)] = str(path)
+        innermost[str(rank)] = innermost_frame(text) or text.strip().splitlines()[-1][:200]
+    return files, innermost
+
+
+def stopped(procs: dict[int, psutil.Process]) -> list[int]:
+    out = []
+    for rank, proc in sorted(procs.items()):
+        try:
+            if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                out.append(rank)
+        except psutil.Error:
+            pass
+    return out
+
+
+class StallDetector:
+    """Polled by supervise.Torchrun.wait: `check()` returns a Hung record once the attempt has stalled."""
+
+    def __init__(self, cfg: HangConfig, attempt: Attempt, node: int, world_size: int, policy: str):
+        self.cfg, self.attempt, self.node, self.world_size, self.policy = (
+            cfg,
+            attempt,
+            node,
+            world_size,
+            policy,
+        )
+        self.clock = StallClock(cfg, started=time.monotonic())
+
+    def check(self, torchrun_pid: int) -> Hung | None:
+        now = time.monotonic()
+        self.clock.observe(self.attempt.read_progress().last_step, now)
+        if not self.clock.stalled(now):
+            return None
+        return self.fire(torchrun_pid, now)
+
+    def fire(self, torchrun_pid: int, now: float) -> Hung:
+        clock = self.clock
+        procs = rank_processes(torchrun_pid)
+        median = clock.median()
+        ranks = list(range(self.world_size))
+        since = f"step {clock.last_step}" if clock.last_step is not None else "their start (no step yet)"
+        line = (
+            f"no step for {duration(clock.stalled_for(now))}"
+            + (
+                f" (median step {duration(median)})"
+                if median is not None
+                else f" (limit {duration(clock.limit())})"
+            )
+            + f": ranks {', '.join(map(str, ranks))} silent since {since}"
+        )
+        halted = stopped(procs)
+        if halted:
+            line += "; stopped (not running): " + ", ".join(f"rank {r} (pid {procs[r].pid})" for r in halted)
+        files, innermost = dump_stacks(procs, self.attempt.dir / STACKS_DIR / f"node{self.node}")
+        return Hung(
+            node=self.node,
+            line=line,
+            last_step=clock.last_step,
+            silent_ranks=ranks,
+            stalled_s=round(clock.stalled_for(now), 3),
+            limit_s=round(clock.limit(), 3),
+            median_step_s=round(median, 4) if median is not None else None,
+            stack_files=files,
+            innermost=innermost,
+            stopped_ranks=halted,
+            policy=self.policy,
+        )
+
+
+def resolve_policy(cfg: HangConfig, environ: dict[str, str]) -> str:
+    """auto: requeue under Slurm (a hang is often the node's fault), fail elsewhere."""
+    if cfg.policy != "auto":
+        return cfg.policy
+    return "requeue" if environ.get("SLURM_JOB_ID") else "fail"
+
+
+def kill_tree(torchrun_pid: int) -> list[int]:
+    """SIGKILL torchrun first (killed ranks would make it print a failure report), then every process
+    under it (a stopped process dies of SIGKILL too); they are re-parented to the launcher, which reaps
+    them (supervise.Torchrun._stop_orphans)."""
+    try:
+        below = psutil.Process(torchrun_pid).children(recursive=True)
+    except psutil.Error:
+        below = []
+    try:
+        os.kill(torchrun_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for proc in below:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    return [p.pid for p in below]
+
+
+def settle(hung: Hung, run_dir: Path, attempt: Attempt, environ: dict[str, str], no_requeue: bool) -> bool:
+    """After a hang: record it (node 0: RUN_DIR/hangs.json, which survives a requeue; every node: its
+    hung.node<N>.json) and decide the policy. True when node 0 should requeue the Slurm job now."""
+    want = False
+    if hung.node == 0:
+        before = record_hang(run_dir, attempt.id, hung.last_step)
+        again = [h for h in before if h.get("step") == hung.last_step]
+        if hung.policy != "requeue":
+            hung.requeue = "not requeued: hang.policy is fail (the default outside Slurm)"
+        elif again:
+            hung.requeue = (
+                f"not requeued: the second hang after step {hung.last_step} "
+                f"(attempt {again[0].get('attempt')} hung there too); "
+                "a hang that repeats at the same step fails for good"
+            )
+        elif not environ.get("SLURM_JOB_ID"):
+            hung.requeue = "not requeued: hang.policy is requeue, but this is not a Slurm job"
+        elif no_requeue:
+            hung.requeue = "not requeued: hang.policy is requeue, but --no-requeue was given"
+        else:
+            hung.requeue, want = f"requeueing Slurm job {environ['SLURM_JOB_ID']}", True
+    attempt.write_hung(hung)
+    return want
