@@ -9,6 +9,8 @@ Layout under RUN_DIR/checkpoints/:
                                     world size, the run config
         model.safetensors           optional consolidated weights for evaluation
         COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}}, written last
+    best -> checkpoint_step_N       a relative symlink to the best checkpoint by checkpoint.best_by (kept
+                                    out of pruning: trainer/best_checkpoint.py); not a checkpoint itself
     checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
     checkpoint_step_N.damaged-<t>/  files no longer match COMPLETE: moved aside, never deleted
 (what counts as which: trainer/checkpoint_layout.py)
@@ -145,6 +147,8 @@ class Checkpointer:
         self.last_committed: CheckpointInfo | None = None
         self._pending: _Pending | None = None
         self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
+        # rank 0, before pruning: the steps to keep out of `keep` pruning (trainer/best_checkpoint.py)
+        self.pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
         self._async_group = None
 
     def due(self, step: int, stopping: bool) -> bool:
@@ -312,13 +316,18 @@ class Checkpointer:
         fsync_dir(self.root)
 
     def _prune(self, keep_step: int) -> None:
-        """Keep the newest `keep` complete checkpoints; drop stale partial ones from dead attempts."""
+        """Keep the newest `keep` complete checkpoints and the pinned ones (the best); drop stale partial
+        ones from dead attempts. Symlinks (the `best` pointer) are never followed or removed here."""
         complete, _ = scan(self.root)
-        for old in complete[: max(0, len(complete) - self.keep)]:
+        pinned = self.pin(complete) if self.pin is not None else set()
+        unpinned = [c for c in complete if c.step not in pinned]
+        for old in unpinned[: max(0, len(unpinned) - self.keep)]:
             if old.step != keep_step:
                 _remove(old.path)
         for entry in self.root.iterdir():
-            if not _FINAL.match(entry.name) and not _DAMAGED.match(entry.name) and entry.is_dir():
+            if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
+                continue
+            if entry.is_dir():
                 _remove(entry)
 
     def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:

@@ -18,6 +18,8 @@ import yaml
 CONFIG_DIR = Path(__file__).parent / "configs"
 # Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
 DATASETS = ("furniture_train",)
+# checkpoint.best_by: the held-out metric (trainer/validate.py) that picks the best checkpoint, or none
+BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
 
 
 class ConfigError(ValueError):
@@ -107,6 +109,8 @@ class DataConfig:
     text_length: int = 512  # prompt tokens (reference max_sequence_length)
     latent_cache: bool = True  # precompute latents once, on disk next to the episodes (off: a temporary one)
     cache_dir: str = ""  # put the cache here instead of next to the data (read-only datasets)
+    # held-out episodes, never trained on (trainer/data/split.py): a count >= 1, a fraction in (0, 1), 0 = off
+    val_episodes: float = 2
 
 
 @dataclass
@@ -139,6 +143,8 @@ class CheckpointConfig:
     export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
     skip_space_check: bool = False  # preflight: do not refuse a run dir too small for keep + 1 checkpoints
+    validate: bool = True  # held-out losses at every checkpoint and the end (trainer/validate.py)
+    best_by: str = "val_action_loss"  # kept out of `keep` pruning, RUN_DIR/checkpoints/best; none = off
 
 
 @dataclass
@@ -207,6 +213,15 @@ class RunConfig:
             (
                 self.checkpoint.every > 0 and self.checkpoint.keep > 0,
                 "checkpoint.every and checkpoint.keep must be > 0",
+            ),
+            (
+                d.val_episodes == 0 or 0 < d.val_episodes < 1 or float(d.val_episodes).is_integer(),
+                "data.val_episodes must be 0 (off), a whole count >= 1 or a fraction in (0, 1)",
+            ),
+            (d.val_episodes >= 0, "data.val_episodes must be >= 0"),
+            (
+                self.checkpoint.best_by in BEST_BY,
+                f"checkpoint.best_by must be one of {', '.join(BEST_BY)}",
             ),
         ]
         for ok, message in checks:

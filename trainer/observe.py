@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.attempt import PREEMPTED, Attempt, CheckpointRef, Progress, Summary
-from trainer.checkpoint import CheckpointInfo
+from trainer.best_checkpoint import best_json
+from trainer.checkpoint import CheckpointInfo, scan
 from trainer.diskspace import OutOfSpace, guard
 from trainer.metrics import Metrics, memory_gib
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, throughput
@@ -55,7 +56,12 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
     }
     optional = {"mfu": rate["mfu"], "gpu_util": obs.utilisation.mean_since_last()}
     values.update({k: v for k, v in optional.items() if v is not None})
+    validated = state.validation is not None and state.validation.step == state.step
+    if validated:  # held-out losses measured at this step's checkpoint (trainer/validate.py)
+        values.update(state.validation.metrics())
     obs.metrics.log_step(state.step, values, timing)
+    if validated:
+        obs.metrics.info(state.validation.describe())
     if rig.rank == 0 and obs.attempt is not None and state.failure is None:
         progress = Progress(
             first_step=rig.start_step + 1,
@@ -90,9 +96,30 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         attempt=attempt_id,
         config=rig.cfg.name,
         data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
+        validation=state.validation.to_json() if state.validation is not None else None,
+        best_checkpoint=best_json(
+            rig.checkpointer.root, scan(rig.checkpointer.root)[0], rig.cfg.checkpoint.best_by
+        ),
     )
 
 
 def ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
     ref = CheckpointRef.of(info)
     return {"step": ref.step, "path": ref.path} if ref is not None else None
+
+
+def held_out_lines(summary: Summary) -> list[str]:
+    """The run's last words on the model: its final held-out losses and its best checkpoint."""
+    lines = []
+    if summary.validation is not None:
+        v = summary.validation
+        lines.append(
+            f"held-out ({v['episodes']} episodes, {v['clips']} clips) at step {v['step']}: "
+            f"latent_loss {v['latent_loss']:.4f} | action_loss {v['action_loss']:.4f}"
+        )
+    if summary.best_checkpoint is not None:
+        b = summary.best_checkpoint
+        lines.append(
+            f"best checkpoint by {b['metric']} ({b['value']:.4f}): step {b['step']} -> {b['pointer']}"
+        )
+    return lines

@@ -59,3 +59,4 @@ class LoopState:
     last_ckpt: CheckpointInfo | None = None
     timings: list[dict[str, float]] = field(default_factory=list)
     failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
+    validation: Any = None  # the last trainer.validate.Validation (held-out losses), None before one

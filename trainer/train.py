@@ -11,7 +11,9 @@ nothing else. The boundary is torchtitan's:
                   LR warm-up: one optimizer step, timed by phase (bench/ drives this same function)
     loop()        after each step one all_reduce averages the losses across ranks and agrees on whether any
                   rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
-                  Checkpointer decides when to save (checkpoint.every, the last step, a stop)
+                  Checkpointer decides when to save (checkpoint.every, the last step, a stop); before each
+                  save but a preemption's, the held-out losses (trainer/validate.py), which the checkpoint
+                  records and checkpoint.best_by ranks (trainer/best_checkpoint.py)
 Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
 position. The records passed between these stages are in trainer/rig.py; what a rank reports (metrics,
 progress, rank 0's summary) is trainer/observe.py; what the launcher reads back is written through
@@ -45,13 +47,14 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
+from trainer.best_checkpoint import BestPin
 from trainer.checkpoint import Checkpointer, CheckpointError, PeerStopped, resume_conflicts, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
 from trainer.diskspace import OutOfSpace, find_out_of_space, guard
 from trainer.metrics import Metrics
-from trainer.observe import Observers, final_summary, record_step
+from trainer.observe import Observers, final_summary, held_out_lines, record_step
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.rank import (
@@ -64,6 +67,7 @@ from trainer.rank import (
 )
 from trainer.rig import LoopState, Rig, StepOutput
 from trainer.timing import StepBreakdown, install_comm_timing
+from trainer.validate import evaluate
 
 __all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "train_step"]
 
@@ -124,6 +128,8 @@ def build(
         async_save=cfg.checkpoint.async_save,
     )
     checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
+    if cfg.checkpoint.best_by != "none":
+        checkpointer.pin = BestPin(ckpt_root, cfg.checkpoint.best_by)
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
     complete, rig.why_fresh = scan(ckpt_root)
@@ -193,6 +199,10 @@ def _agree(
 def _checkpoint(rig: Rig, state: LoopState, stop: StopRequest, stopping: bool) -> bool:
     """Let the Checkpointer save if due; returns whether the run stops (a signal during the save counts)."""
     step, total_steps = state.step, rig.cfg.train.steps
+    validation = None
+    if rig.checkpointer.due(step, stopping) and not (stopping and step < total_steps):  # not when preempted
+        validation = evaluate(rig, step)  # collective; recorded in the checkpoint (checkpoint.best_by)
+        state.validation = validation or state.validation
     with rig.breakdown.phase("checkpoint"):
         saved = rig.checkpointer.maybe_save(
             step,
@@ -200,7 +210,11 @@ def _checkpoint(rig: Rig, state: LoopState, stop: StopRequest, stopping: bool) -
             rig.optimizer,
             rig.scheduler,
             stopping=stopping,
-            train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
+            train_state={
+                "config": rig.cfg.to_dict(),
+                "losses": state.losses,
+                "validation": validation.to_json() if validation else None,
+            },
             before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
         )
     if not saved:
@@ -292,6 +306,8 @@ def train(
         with guard(summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
             write_summary(run_dir, summary)
         if state.status == COMPLETED:
+            for line in held_out_lines(summary):
+                metrics.info(line)
             metrics.info(f"completed {cfg.train.steps} steps; summary {summary_path(run_dir)}")
     metrics.close()
     return state
