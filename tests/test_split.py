@@ -172,7 +172,7 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
     checkpointer = Checkpointer(root, keep=2, rank=0, world_size=1, attempt="t")
     checkpointer.pin = BestPin(root, "val_action_loss")
     checkpointer._prune(keep_step=10)
-    assert [c.step for c in scan(root)[0]] == [4, 8, 10]  # newest keep=2, plus the best
+    assert [c.step for c in scan(root)[0]] == [4, 8, 10]  # newest keep=2, plus the older best
     link = root / POINTER
     assert (
         link.is_symlink()
@@ -188,3 +188,7 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
     assert link.resolve().name == "checkpoint_step_8"
     for entry in root.iterdir():
         assert not entry.name.startswith(".best.tmp")
+    # a new best among the newest `keep`: no extra checkpoint is kept, the old best goes
+    _fake_checkpoint(root, 12, {"action_loss": 0.1, "latent_loss": 0.9, "loss": 1.0})
+    checkpointer._prune(keep_step=12)
+    assert [c.step for c in scan(root)[0]] == [10, 12] and link.resolve().name == "checkpoint_step_12"

@@ -7,8 +7,8 @@
 Each checkpoint's train_state.json carries the held-out losses measured at its step ("validation":
 trainer/validate.py Validation.to_json, None when none was measured). The best is the complete checkpoint
 with the lowest value of checkpoint.best_by (the earliest on a tie); it survives resumes because it is
-recomputed from the checkpoints themselves, and it is never pruned by checkpoint.keep (so a run keeps at
-most keep + 1 checkpoints).
+recomputed from the checkpoints themselves, and it is never pruned by checkpoint.keep (a run keeps its
+newest `keep` checkpoints plus the best when that is older: at most keep + 1).
 
 The pointer is a relative symlink `best -> checkpoint_step_N`, replaced atomically (a new link under a
 temporary name, then rename(2) over the old one): a reader sees the old best or the new one, never

@@ -316,13 +316,13 @@ class Checkpointer:
         fsync_dir(self.root)
 
     def _prune(self, keep_step: int) -> None:
-        """Keep the newest `keep` complete checkpoints and the pinned ones (the best); drop stale partial
-        ones from dead attempts. Symlinks (the `best` pointer) are never followed or removed here."""
+        """Keep the newest `keep` complete checkpoints and the pinned one (the best) if it is older; drop
+        stale partial ones from dead attempts. Symlinks (the `best` pointer) are never followed or removed
+        here."""
         complete, _ = scan(self.root)
         pinned = self.pin(complete) if self.pin is not None else set()
-        unpinned = [c for c in complete if c.step not in pinned]
-        for old in unpinned[: max(0, len(unpinned) - self.keep)]:
-            if old.step != keep_step:
+        for old in complete[: max(0, len(complete) - self.keep)]:
+            if old.step != keep_step and old.step not in pinned:
                 _remove(old.path)
         for entry in self.root.iterdir():
             if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
