@@ -96,11 +96,23 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         attempt=attempt_id,
         config=rig.cfg.name,
         data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
-        validation=state.validation.to_json() if state.validation is not None else None,
+        validation=_last_validation(state),
         best_checkpoint=best_json(
             rig.checkpointer.root, scan(rig.checkpointer.root)[0], rig.cfg.checkpoint.best_by
         ),
     )
+
+
+def _last_validation(state: LoopState) -> dict[str, Any] | None:
+    """This attempt's last held-out losses, else those its last checkpoint recorded (a resumed attempt
+    that evaluated nothing), else None."""
+    if state.validation is not None:
+        return state.validation.to_json()
+    try:
+        recorded = state.last_ckpt.train_state().get("validation") if state.last_ckpt else None
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def ckpt_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
