@@ -2,9 +2,9 @@
 
     train, held_out = split_episodes(names, val)     # names: each episode's stable identifier
 
-`names` are the episodes' paths relative to the dataset root, as the latent cache's manifest records
-them (`one_leg/<timestamp>/<timestamp>.pkl`): the same on every rank, in every attempt, and after the
-cache is prepared again. Each name is ranked by sha256(SALT + name) and the `k` lowest are held out:
+`names` are the episodes' paths relative to the discovered episode folder, as the latent cache's
+manifest records them (`<timestamp>/<timestamp>.pkl`): the same on every rank, in every attempt, and
+after the cache is prepared again. Each name is ranked by sha256(SALT + name) and the `k` lowest are held out:
     k = val                      when val is a whole number >= 1 (a count: data.val_episodes=2)
     k = max(1, round(val * n))   when 0 < val < 1 (a fraction of the n episodes)
     k = 0                        when val == 0 (no split: every episode trains)
