@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.best_checkpoint import POINTER, BestPin, find_best
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import prune
 from trainer.checkpoint_layout import MARKER, TRAIN_STATE, scan
 from trainer.config import ConfigError, RunConfig, apply_overrides
 from trainer.data import generate as generate_mod
@@ -169,9 +169,8 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
             step,
             None if value is None else {"action_loss": value, "latent_loss": 1 - value, "loss": 1.0},
         )
-    checkpointer = Checkpointer(root, keep=2, rank=0, world_size=1, attempt="t")
-    checkpointer.pin = BestPin(root, "val_action_loss")
-    checkpointer._prune(keep_step=10)
+    pin = BestPin(root, "val_action_loss")
+    prune(root, 2, 10, pin)
     assert [c.step for c in scan(root)[0]] == [4, 8, 10]  # newest keep=2, plus the older best
     link = root / POINTER
     assert (
@@ -180,7 +179,7 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
         and link.resolve() == root / "checkpoint_step_4"
     )
     assert (root / "checkpoint_step_4" / MARKER).is_file()  # pruning never follows the pointer
-    checkpointer._prune(keep_step=10)  # again: nothing else goes, the pointer stays
+    prune(root, 2, 10, pin)  # again: nothing else goes, the pointer stays
     assert [c.step for c in scan(root)[0]] == [4, 8, 10] and link.resolve().name == "checkpoint_step_4"
     found = find_best(scan(root)[0], "val_latent_loss")
     assert found is not None and found[0].step == 8  # latent 0.4 (step 8) beats 0.7 (step 4)
@@ -190,5 +189,5 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
         assert not entry.name.startswith(".best.tmp")
     # a new best among the newest `keep`: no extra checkpoint is kept, the old best goes
     _fake_checkpoint(root, 12, {"action_loss": 0.1, "latent_loss": 0.9, "loss": 1.0})
-    checkpointer._prune(keep_step=12)
+    prune(root, 2, 12, pin)
     assert [c.step for c in scan(root)[0]] == [10, 12] and link.resolve().name == "checkpoint_step_12"

@@ -118,6 +118,24 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def prune(
+    root: Path, keep: int, keep_step: int, pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
+) -> None:
+    """Keep the newest `keep` complete checkpoints, `keep_step`, and the pinned ones (`pin`: the best,
+    trainer/best_checkpoint.py, kept when it is older); drop stale partial ones from dead attempts.
+    Symlinks (the `best` pointer) are never followed or removed here."""
+    complete, _ = scan(root)
+    pinned = pin(complete) if pin is not None else set()
+    for old in complete[: max(0, len(complete) - keep)]:
+        if old.step != keep_step and old.step not in pinned:
+            _remove(old.path)
+    for entry in Path(root).iterdir():
+        if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
+            continue
+        if entry.is_dir():
+            _remove(entry)
+
+
 class Checkpointer:
     """Collective save/load of one run's checkpoints; every rank calls save() and load() together."""
 
@@ -316,19 +334,7 @@ class Checkpointer:
         fsync_dir(self.root)
 
     def _prune(self, keep_step: int) -> None:
-        """Keep the newest `keep` complete checkpoints and the pinned one (the best) if it is older; drop
-        stale partial ones from dead attempts. Symlinks (the `best` pointer) are never followed or removed
-        here."""
-        complete, _ = scan(self.root)
-        pinned = self.pin(complete) if self.pin is not None else set()
-        for old in complete[: max(0, len(complete) - self.keep)]:
-            if old.step != keep_step and old.step not in pinned:
-                _remove(old.path)
-        for entry in self.root.iterdir():
-            if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
-                continue
-            if entry.is_dir():
-                _remove(entry)
+        prune(self.root, self.keep, keep_step, self.pin)
 
     def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:
         from safetensors.torch import save_file
