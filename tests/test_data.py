@@ -442,6 +442,7 @@ def test_wan_vae_prepare_writes_real_latents(released, tmp_path):
         tmp_path / "ds",
         **{
             "data.generated_episodes": 2,
+            "data.val_episodes": 0,  # 2 episodes: none to spare for a held-out split
             "data.encoder": "wan_vae",
             "data.vae_path": str(root / "vae"),
             "data.text_encoder": str(root),

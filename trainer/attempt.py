@@ -161,6 +161,8 @@ class Summary:
     notes: list[str] | None = None
     env: dict[str, Any] | None = None  # {prefix, provisioned}
     data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
+    validation: dict[str, Any] | None = None  # the last held-out losses (trainer/validate.py Validation)
+    best_checkpoint: dict[str, Any] | None = None  # {step, path, pointer, metric, value} (checkpoint.best_by)
     out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
     damaged_checkpoints: list[dict[str, Any]] | None = None  # moved aside: {step, path, moved_to, problem}
     diverged: dict[str, Any] | None = None  # Diverged: stopped on non-finite values (status failed)

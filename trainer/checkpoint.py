@@ -9,6 +9,8 @@ Layout under RUN_DIR/checkpoints/:
                                     world size, the run config
         model.safetensors           optional consolidated weights for evaluation
         COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}, finite}, last
+    best -> checkpoint_step_N       a relative symlink to the best checkpoint by checkpoint.best_by (kept
+                                    out of pruning: trainer/best_checkpoint.py); not a checkpoint itself
     checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
     checkpoint_step_N.damaged-<t>/  files no longer match COMPLETE: moved aside, never deleted
 (what counts as which: trainer/checkpoint_layout.py)
@@ -54,9 +56,11 @@ from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout i
     SAFETENSORS,
     TRAIN_STATE,
     CheckpointInfo,
+    _remove,
     checkpoint_dir,
     file_sha256,
     latest_complete,
+    prune,
     resume_conflicts,
     scan,
 )
@@ -124,12 +128,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _remove(path: Path) -> None:
-    """Delete a checkpoint directory so that no moment of the deletion looks complete."""
-    (path / MARKER).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class Checkpointer:
     """The checkpoint policy of one run and its collective save/load; every rank calls them together.
 
@@ -158,6 +156,8 @@ class Checkpointer:
         self.last_committed: CheckpointInfo | None = None
         self._pending: _Pending | None = None
         self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
+        # rank 0, before pruning: the steps to keep out of `keep` pruning (trainer/best_checkpoint.py)
+        self.pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
         self._async_group = None
 
     @property
@@ -353,14 +353,7 @@ class Checkpointer:
         fsync_dir(self.root)
 
     def _prune(self, keep_step: int) -> None:
-        """Keep the newest `keep` complete checkpoints; drop stale partial ones from dead attempts."""
-        complete, _ = scan(self.root)
-        for old in complete[: max(0, len(complete) - self.keep)]:
-            if old.step != keep_step:
-                _remove(old.path)
-        for entry in self.root.iterdir():
-            if not _FINAL.match(entry.name) and not _DAMAGED.match(entry.name) and entry.is_dir():
-                _remove(entry)
+        prune(self.root, self.keep, keep_step, self.pin)
 
     def _export_safetensors(self, model: torch.nn.Module, path: Path) -> None:
         from safetensors.torch import save_file

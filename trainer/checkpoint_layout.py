@@ -15,7 +15,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,3 +173,27 @@ def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list
     if problems:
         problems.append("resume with the checkpoint's settings, or start a new run with --run-dir")
     return problems
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint directory so that no moment of the deletion looks complete."""
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def prune(
+    root: Path, keep: int, keep_step: int, pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
+) -> None:
+    """Keep the newest `keep` complete checkpoints, `keep_step`, and the pinned ones (`pin`: the best,
+    trainer/best_checkpoint.py, kept when it is older); drop stale partial ones from dead attempts.
+    Symlinks (the `best` pointer) are never followed or removed here."""
+    complete, _ = scan(root)
+    pinned = pin(complete) if pin is not None else set()
+    for old in complete[: max(0, len(complete) - keep)]:
+        if old.step != keep_step and old.step not in pinned:
+            _remove(old.path)
+    for entry in Path(root).iterdir():
+        if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
+            continue
+        if entry.is_dir():
+            _remove(entry)

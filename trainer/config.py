@@ -108,6 +108,8 @@ class DataConfig:
     text_length: int = 512  # prompt tokens (reference max_sequence_length)
     latent_cache: bool = True  # precompute latents once, on disk next to the episodes (off: a temporary one)
     cache_dir: str = ""  # put the cache here instead of next to the data (read-only datasets)
+    # held-out episodes, never trained on (trainer/data/split.py): a count >= 1, a fraction in (0, 1), 0 = off
+    val_episodes: float = 2
 
 
 @dataclass
@@ -146,6 +148,8 @@ class CheckpointConfig:
     export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
     skip_space_check: bool = False  # preflight: do not refuse a run dir too small for keep + 1 checkpoints
+    validate: bool = True  # held-out losses at every checkpoint and the end (trainer/validate.py)
+    best_by: str = "val_action_loss"  # kept out of `keep` pruning, RUN_DIR/checkpoints/best; none = off
 
 
 @dataclass

@@ -32,6 +32,8 @@ DATASETS = ("furniture_train",)
 CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
 ATTENTION = ("auto", "flex", "sdpa")
 ENCODERS = ("patch_mean", "wan_vae")
+# checkpoint.best_by: the held-out metric (trainer/validate.py) that picks the best checkpoint, or none
+BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
 
 
 class ConfigError(ValueError):
@@ -175,6 +177,11 @@ RULES: dict[str, Rule | Free] = {
     "data.text_length": POSITIVE,
     "data.latent_cache": BOOL,
     "data.cache_dir": Free(_PATHS),
+    "data.val_episodes": Rule(
+        "0 (off), a whole count >= 1 or a fraction in (0, 1) of the episodes (trainer/data/split.py)",
+        lambda v, c: v == 0 or 0 < v < 1 or (v >= 1 and float(v).is_integer()),
+        "1.5",
+    ),
     # train
     "train.steps": POSITIVE,
     "train.grad_accum": POSITIVE,
@@ -203,6 +210,8 @@ RULES: dict[str, Rule | Free] = {
     "checkpoint.export": _one_of("none", "reference"),
     "checkpoint.async_save": BOOL,
     "checkpoint.skip_space_check": BOOL,
+    "checkpoint.validate": BOOL,
+    "checkpoint.best_by": _one_of(*BEST_BY),
     # hang (the launcher's stall detector; the backend's timeout must outlast its limits)
     "hang.policy": _one_of("auto", "fail", "requeue"),
     "hang.step_factor": Rule(">= 2 (a multiple of the median step time)", lambda v, c: v >= 2, "1"),

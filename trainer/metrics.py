@@ -107,8 +107,9 @@ class Metrics:
         record = {"step": step, **values, "timing": timing}
         self._write(self.jsonl, json.dumps(record) + "\n")
         if self.tensorboard is not None:
-            for key, value in values.items():
-                self.tensorboard.add_scalar(f"train/{key}", value, step)
+            for key, value in values.items():  # held-out losses (val_*) under val/
+                tag = f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"
+                self.tensorboard.add_scalar(tag, value, step)
             for key, value in timing.items():
                 if key.endswith("_share"):
                     self.tensorboard.add_scalar(f"timing/{key}", value, step)

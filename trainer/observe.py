@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.attempt import PREEMPTED, Attempt, Progress, Summary, checkpoint_json
+from trainer.best_checkpoint import best_json
+from trainer.checkpoint import scan
 from trainer.diskspace import OutOfSpace, guard
 from trainer.metrics import Metrics, memory_gib
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, throughput
@@ -58,7 +61,12 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
     warning = state.spikes.observe(state.step, out.grad_norm)
     peak = state.spikes.peak()
     peak_text = f"max grad_norm {peak['value']:.4g} at step {peak['step']}" if peak else ""
+    validated = state.validation is not None and state.validation.step == state.step
+    if validated:  # held-out losses measured at this step's checkpoint (trainer/validate.py)
+        values.update(state.validation.metrics())
     obs.metrics.log_step(state.step, values, timing, peak=peak_text)
+    if validated:
+        obs.metrics.info(state.validation.describe())
     for note in [*state.notes, *([warning] if warning else [])]:
         obs.metrics.info(note)
     state.notes.clear()
@@ -99,6 +107,10 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         diverged=dataclasses.asdict(state.diverged) if state.diverged else None,
         nonfinite_skipped=list(state.policy.skipped),
         grad_norm_max=state.spikes.peak(),
+        validation=_last_validation(state),
+        best_checkpoint=best_json(
+            rig.checkpointer.root, scan(rig.checkpointer.root)[0], rig.cfg.checkpoint.best_by
+        ),
     )
 
 
@@ -106,3 +118,32 @@ def _reason(state: LoopState, stop: StopRequest) -> str | None:
     if state.status == PREEMPTED:
         return f"preempted at step {state.step}: {stop.reason()}"
     return state.diverged.line() if state.diverged is not None else None
+
+
+def _last_validation(state: LoopState) -> dict[str, Any] | None:
+    """This attempt's last held-out losses, else those its last checkpoint recorded (a resumed attempt
+    that evaluated nothing), else None."""
+    if state.validation is not None:
+        return state.validation.to_json()
+    try:
+        recorded = state.last_ckpt.train_state().get("validation") if state.last_ckpt else None
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def held_out_lines(summary: Summary) -> list[str]:
+    """The run's last words on the model: its final held-out losses and its best checkpoint."""
+    lines = []
+    if summary.validation is not None:
+        v = summary.validation
+        lines.append(
+            f"held-out ({v['episodes']} episodes, {v['clips']} clips) at step {v['step']}: "
+            f"latent_loss {v['latent_loss']:.4f} | action_loss {v['action_loss']:.4f}"
+        )
+    if summary.best_checkpoint is not None:
+        b = summary.best_checkpoint
+        lines.append(
+            f"best checkpoint by {b['metric']} ({b['value']:.4f}): step {b['step']} -> {b['pointer']}"
+        )
+    return lines

@@ -67,3 +67,4 @@ class LoopState:
     policy: NonfinitePolicy = field(default_factory=lambda: NonfinitePolicy("stop", 1))
     spikes: SpikeWatch = field(default_factory=lambda: SpikeWatch(0.0))
     notes: list[str] = field(default_factory=list)  # WARNING lines to log after this step's line
+    validation: Any = None  # the last trainer.validate.Validation (held-out losses), None before one

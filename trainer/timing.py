@@ -8,7 +8,9 @@ timeline is resolved into non-overlapping intervals, so the phases plus `idle` a
 - communication wins over the phase it ran in: the reduce-scatter that FSDP2 runs from its
   post-backward hooks is `grad_comm`, not `backward`; the parameter all-gathers of forward (and of
   backward, for resharded blocks) are `param_comm`, not `forward`/`backward`;
-- time inside the step but in no phase is `idle` (never negative by construction).
+- time inside the step but in no phase is `idle` (never negative by construction);
+- `eval` (the held-out losses at a checkpoint, trainer/validate.py) is charged whole, its FSDP
+  all-gathers included, so its share is the evaluation's cost.
 
 On CUDA every boundary is an event recorded on the current stream (communication: on FSDP's comm
 stream), resolved with one synchronize at `end_step`, so asynchronous kernels are charged to the phase
@@ -32,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-PHASES = ("data", "h2d", "forward", "backward", "grad_comm", "param_comm", "optimizer", "checkpoint")
+PHASES = ("data", "h2d", "forward", "backward", "grad_comm", "param_comm", "optimizer", "checkpoint", "eval")
 COMM_PHASES = ("grad_comm", "param_comm")  # recorded by install_comm_timing; grad_comm wins overlaps
 COMPUTE_PHASES = ("forward", "backward", "optimizer")
 _IDLE = "idle"
@@ -154,7 +156,7 @@ class StepBreakdown:
         """Time one collective; called by the comm wrappers, possibly from autograd's thread."""
         if name not in COMM_PHASES:
             raise ValueError(f"unknown comm phase {name!r}; known: {', '.join(COMM_PHASES)}")
-        if not self._active:
+        if not self._active or "eval" in self._stack:  # held-out evaluation: its all-gathers are its cost
             yield
             return
         start = self._clock.stamp()

@@ -13,7 +13,9 @@ nothing else. The boundary is torchtitan's:
                   rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
                   Checkpointer (trainer/checkpoint.py, the one owner of the checkpoint policy) decides
                   when to save (checkpoint.every, the last step, a stop) and agrees on a stop that
-                  arrived during the save; then the step is logged
+                  arrived during the save; then the step is logged; before each save but a
+                  preemption's, the held-out losses (trainer/validate.py), which the checkpoint records
+                  and checkpoint.best_by ranks (trainer/best_checkpoint.py)
 Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
 position. The records passed between these stages are in trainer/rig.py; what a rank reports (metrics,
 progress, rank 0's summary) is trainer/observe.py; what the launcher reads back is written through
@@ -49,6 +51,7 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
+from trainer.best_checkpoint import BestPin
 from trainer.checkpoint import Checkpointer, NonFiniteState, PeerStopped, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
@@ -56,7 +59,7 @@ from trainer.data import build_stream
 from trainer.diskspace import find_out_of_space, guard
 from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.metrics import Metrics
-from trainer.observe import Observers, final_summary, record_step
+from trainer.observe import Observers, final_summary, held_out_lines, record_step
 from trainer.outcomes import Diverged
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
@@ -72,6 +75,7 @@ from trainer.rank import (
 )
 from trainer.rig import LoopState, Rig, StepOutput
 from trainer.timing import StepBreakdown, install_comm_timing
+from trainer.validate import evaluate
 
 __all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "train_step"]
 
@@ -123,6 +127,8 @@ def build(
         device=device,
     )  # fmt: skip
     checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
+    if cfg.checkpoint.best_by != "none":
+        checkpointer.pin = BestPin(ckpt_root, cfg.checkpoint.best_by)
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
     complete, rig.why_fresh = scan(ckpt_root)
@@ -216,18 +222,26 @@ def _save(rig: Rig, stop: StopRequest, state: LoopState) -> None:
     ckpt, step = rig.checkpointer, state.step
     if not ckpt.due(step, state.stopping):
         return
-    # The one call site for held-out evaluation at checkpoints: it goes here, before the save.
+    validation = None
+    if not (state.stopping and step < rig.cfg.train.steps):  # not when preempted: save and go
+        validation = evaluate(rig, step)  # collective; recorded in the checkpoint (checkpoint.best_by)
+        state.validation = validation or state.validation
     try:
-        state.stopping = ckpt.save_due(
-            step,
-            rig.model,
-            rig.optimizer,
-            rig.scheduler,
-            stopping=state.stopping,
-            stop_requested=lambda: stop.local,
-            train_state={"config": rig.cfg.to_dict(), "losses": state.losses},
-            before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
-        )
+        with rig.breakdown.phase("checkpoint"):
+            state.stopping = ckpt.save_due(
+                step,
+                rig.model,
+                rig.optimizer,
+                rig.scheduler,
+                stopping=state.stopping,
+                stop_requested=lambda: stop.local,
+                train_state={
+                    "config": rig.cfg.to_dict(),
+                    "losses": state.losses,
+                    "validation": validation.to_json() if validation else None,
+                },
+                before_commit=functools.partial(pause_point, "checkpoint", step, rig.rank),
+            )
     except NonFiniteState as exc:
         values = dict(state.losses or {})
         values.pop("loss", None)
@@ -250,9 +264,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         step_started = time.perf_counter()
         rig.breakdown.start_step()
         out = train_step(rig, step, functools.partial(pause_point, "step", step, rig.rank), agree)
-        if state.action != STOP:  # no checkpoint from a diverged state
-            with rig.breakdown.phase("checkpoint"):
-                _save(rig, stop, state)
+        if state.action != STOP:  # no checkpoint (and no evaluation) from a diverged state
+            _save(rig, stop, state)
         record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
         if state.action == STOP:
@@ -327,6 +340,8 @@ def train(
         with guard(summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
             write_summary(run_dir, summary)
         if state.status == COMPLETED:
+            for line in held_out_lines(summary):
+                metrics.info(line)
             metrics.info(f"completed {cfg.train.steps} steps; summary {summary_path(run_dir)}")
     metrics.close()
     return state

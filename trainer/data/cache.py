@@ -2,7 +2,9 @@
 
 Layout (under the discovered episode folder, so it travels with the data):
     <base>/.latents/<encoder>-<spec hash>/
-        manifest.json                 written LAST (atomically) by rank 0: the cache is complete
+        manifest.json                 written LAST (atomically) by rank 0: the cache is complete; also
+                                      records the held-out split of the preparing config ("split":
+                                      trainer/data/split.py; not part of the spec, every split shares it)
         text.npz                      prompt_emb (L, D), prompt_mask (L,), empty_emb, empty_mask
         episodes/<relpath>.npz        one per source file: latents__<camera> (L, C, h, w) float16, actions
                                       (T, 8), rewards, skills, robot state / parts_poses / real-robot extras
@@ -37,6 +39,7 @@ from provision.atomic import write_atomic
 from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK, Discovery
 from trainer.data.encoder import VideoEncoder, config_hash
 from trainer.data.furniturebench import DatasetError, Episode, episode_status, validate_episode
+from trainer.data.split import RULE, SplitError, split_record
 from trainer.data.text import TextEncoder
 from trainer.diskspace import guard
 
@@ -240,8 +243,27 @@ def write_text(directory: Path, text: TextEncoder, prompt: str) -> None:
     )
 
 
-def write_manifest(base: Path, discovery: Discovery, directory: Path, spec: CacheSpec, extra: dict) -> dict:
-    """Collect every entry's meta into manifest.json (the completion marker). Missing entries: error."""
+def manifest_split(episodes: list[dict], val: float, frames: int) -> dict:
+    """The held-out split (trainer/data/split.py) of the episodes a run with data.frames=`frames` uses,
+    as the manifest records it: it is not part of the spec (the cache serves every split), so a
+    dataset too small for it is recorded as an error here and raised by the trainer."""
+    names = [e["file"] for e in episodes if e.get("status") == "used" and e.get("latent_frames", 0) >= frames]
+    try:
+        return split_record(names, val)
+    except SplitError as exc:
+        return {"val_episodes": val, "rule": RULE, "error": str(exc)}
+
+
+def write_manifest(
+    base: Path,
+    discovery: Discovery,
+    directory: Path,
+    spec: CacheSpec,
+    extra: dict,
+    split: tuple[float, int] | None = None,
+) -> dict:
+    """Collect every entry's meta into manifest.json (the completion marker). Missing entries: error.
+    split = (data.val_episodes, data.frames): also record the held-out split under "split"."""
     episodes = []
     for source in discovery.files:
         entry = entry_path(directory, base, source)
@@ -258,6 +280,8 @@ def write_manifest(base: Path, discovery: Discovery, directory: Path, spec: Cach
         "no_pkl": [[str(p), r] for p, r in discovery.skipped],
         **extra,
     }
+    if split is not None:
+        manifest["split"] = manifest_split(episodes, *split)
     _write_bytes(directory / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     return manifest
 

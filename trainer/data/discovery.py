@@ -102,6 +102,9 @@ class DatasetSummary:
     stand_ins: list[str]  # what in this run is not the real thing; empty when nothing is
     cameras: list[str]
     cache: str  # the cache directory used ("" without a cache)
+    split: dict | None = (
+        None  # the held-out split (trainer/data/split.py split_record), None without episodes
+    )
 
     @classmethod
     def of(cls, discovery: Discovery, used: int, skipped: list[tuple[Path, str]], **fields) -> DatasetSummary:
@@ -130,6 +133,7 @@ class DatasetSummary:
             "stand_ins": self.stand_ins,
             "cameras": self.cameras,
             "cache": self.cache,
+            "split": self.split,
         }
 
     def describe(self) -> str:

@@ -137,7 +137,9 @@ def prepare(
     if rank == 0:
         write_text(directory, text, cfg.data.prompt)
         extra = {"stand_ins": stand_ins(video, text), "layout": found.layout, "root": str(found.root)}
-        write_manifest(found.root, found, directory, spec, extra)
+        write_manifest(
+            found.root, found, directory, spec, extra, split=(cfg.data.val_episodes, cfg.data.frames)
+        )
         log(f"prepare: cache complete: {directory / MANIFEST}")
     barrier()
     return Prepared(directory, found, video, text, encoded, kept, frames[0], seconds)

@@ -27,10 +27,12 @@ generator seeded by (seed, step, micro, rank).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
@@ -44,6 +46,7 @@ from trainer.data.furniturebench import DatasetError
 from trainer.data.generate import generate_dataset
 from trainer.data.location import dataset_lock, resolve_data_path
 from trainer.data.normalize import QuantileNormalizer
+from trainer.data.split import SplitError, split_record
 from trainer.masks import SequenceShape, sequence_shape
 from trainer.recipe import EmptyText, draw_micro_batch
 
@@ -115,8 +118,15 @@ class BatchStream:
         text: dict[str, np.ndarray] | None = None,
         normalised: bool = False,
         data_summary: DatasetSummary | None = None,
+        names: list[str] | None = None,
+        held_out: Sequence[str] = (),
     ):
-        """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8)."""
+        """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8).
+
+        names[e]: episode e's stable identifier (its path in the cache manifest); episodes named in
+        `held_out` (trainer/data/split.py) give no training clip: they are in `val_episodes` for
+        trainer/validate.py. Statistics (latent standardisation, action quantiles) come from the training
+        episodes only and are applied to the held-out ones."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -130,14 +140,15 @@ class BatchStream:
         )
         frames = cfg.data.frames
 
+        train = self._split(len(latents), names, held_out)
         if normalised:  # VAE latents, normalised by the VAE's own statistics (as the reference)
             self.latents = [torch.from_numpy(np.ascontiguousarray(x)) for x in latents]
-        else:  # stand-in latents: per-channel standardisation by data statistics
-            stacked = np.concatenate([x.astype(np.float32) for x in latents])
+        else:  # stand-in latents: per-channel standardisation by the training episodes' statistics
+            stacked = np.concatenate([latents[e].astype(np.float32) for e in train])
             mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
             std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
             self.latents = [torch.from_numpy((x.astype(np.float32) - mean) / std) for x in latents]
-        self.normalizer = QuantileNormalizer.fit(np.concatenate(actions))
+        self.normalizer = QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
         adim, used = cfg.model.action_dim, cfg.model.action_used
         if used > actions[0].shape[1]:
             raise DatasetError(
@@ -166,8 +177,8 @@ class BatchStream:
         self.empty_emb = torch.from_numpy(np.ascontiguousarray(text["empty_emb"], dtype=np.float32))
         self.empty_mask = torch.from_numpy(np.ascontiguousarray(text["empty_mask"], dtype=bool))
 
-        # every clip: `frames` consecutive latent frames and their frames * t actions
-        self.clips = [(e, s) for e, x in enumerate(self.latents) for s in range(0, x.shape[0] - frames + 1)]
+        # every training clip: `frames` consecutive latent frames and their frames * t actions
+        self.clips = [(e, s) for e in train for s in range(0, self.latents[e].shape[0] - frames + 1)]
         if not self.clips:
             raise DatasetError(
                 f"{resolve_data_path(cfg)}: no episode has {frames} latent frames "
@@ -176,6 +187,20 @@ class BatchStream:
             )
         self.tokens_per_micro_batch = self.shape.tokens(self.batch_size)
         self.sequence_length = self.shape.padded_tokens(self.batch_size, cfg.model.attn_block)
+
+    def _split(self, n: int, names: list[str] | None, held_out: Sequence[str]) -> list[int]:
+        """Set self.names and self.held_out (episode indices); return the training episodes' indices."""
+        self.names = list(names) if names is not None else [f"episode_{e}" for e in range(n)]
+        unknown = sorted(set(held_out) - set(self.names))
+        if unknown:
+            raise DatasetError(f"held-out episode(s) not in the dataset: {', '.join(unknown[:3])}")
+        self.held_out = [e for e, name in enumerate(self.names) if name in set(held_out)]
+        train = [e for e in range(n) if e not in set(self.held_out)]
+        if not train:
+            raise DatasetError(
+                f"{resolve_data_path(self.cfg)}: every episode is held out; nothing to train on"
+            )
+        return train
 
     @property
     def num_clips(self) -> int:
@@ -206,6 +231,25 @@ class BatchStream:
             "text_mask": self.text_mask.expand(b, *self.text_mask.shape).clone(),
         }
 
+    def val_clips(self) -> list[tuple[int, int]]:
+        """(episode, first latent frame) of every held-out clip: non-overlapping windows of data.frames
+        from frame 0 of each held-out episode (trainer/validate.py scores them), in episode order."""
+        frames = self.cfg.data.frames
+        return [
+            (e, s) for e in self.held_out for s in range(0, self.latents[e].shape[0] - frames + 1, frames)
+        ]
+
+    def clip_batch(self, episode: int, start: int) -> dict[str, torch.Tensor]:
+        """The clean batch (B = 1) of one clip of any episode, held out or not."""
+        frames, t = self.cfg.data.frames, self.apf
+        return {
+            "latents": self.latents[episode][start : start + frames].float()[None],
+            "actions": self.actions[episode][start * t : (start + frames) * t][None],
+            "action_mask": self.action_mask.clone(),
+            "text_emb": self.text_emb[None].clone(),
+            "text_mask": self.text_mask[None].clone(),
+        }
+
     def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         idx = self.sample_indices(step, micro)
         clean = self.clean_batch(idx)
@@ -219,7 +263,8 @@ class BatchStream:
 
     def describe(self) -> str:
         return (
-            f"{len(self.latents)} episodes, {len(self.clips)} clips of {self.cfg.data.frames} "
+            f"{len(self.latents)} episodes ({len(self.held_out)} held out), {len(self.clips)} training clips "
+            f"of {self.cfg.data.frames} "
             f"latent frames x "
             f"{self.apf} actions; {self.tokens_per_micro_batch} tokens per micro-batch "
             f"(padded to {self.sequence_length})"
@@ -231,8 +276,10 @@ def _log(rank: int):
 
 
 def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> tuple:
-    """(latents, actions, text, summary) of the used episodes of a checked cache."""
+    """(latents, actions, text, summary, names) of the used episodes of a checked cache; names are the
+    episodes' manifest paths (the held-out split's identifiers)."""
     frames, cams = cfg.data.frames, list(cfg.data.cameras)
+    names: list[str] = []
     latents: list[np.ndarray] = []
     actions: list[np.ndarray] = []
     skipped: list[tuple[Path, str]] = []
@@ -252,6 +299,7 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
             n = min(v.shape[0] for v in views)
             latents.append(np.concatenate([v[:n] for v in views], axis=-1))
             actions.append(z["actions"])
+            names.append(ep["file"])
     with np.load(directory / "text.npz", allow_pickle=False) as z:
         text = {k: z[k] for k in z.files}
     spec = manifest["spec"]
@@ -266,14 +314,28 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         cameras=cams,
         cache=str(directory),
     )
+    split = split_record(names, cfg.data.val_episodes) if names else None
+    summary = dataclasses.replace(summary, split=split)
     log(summary.describe())
+    if split is not None and split["held_out"]:
+        log(
+            f"data: {len(split['held_out'])} of {len(names)} episodes held out, never trained on "
+            f"(data.val_episodes={cfg.data.val_episodes:g}): {', '.join(split['held_out'])}"
+        )
+    recorded = manifest.get("split")
+    if split is not None and recorded is not None and recorded.get("val_episodes") == cfg.data.val_episodes:
+        if recorded.get("held_out") != split["held_out"]:  # the same rule on the same episodes: a bug
+            raise DatasetError(
+                f"{directory}/manifest.json: records held-out episodes {recorded.get('held_out')}, this run "
+                f"computes {split['held_out']} for data.val_episodes={cfg.data.val_episodes:g}"
+            )
     for note, n in notes.items():
         log(f"data: {n} episode(s): {note}")
     if summary.stand_ins:
         from trainer.data.prepare import announce
 
         announce(log, summary.stand_ins)
-    return latents, actions, text, summary
+    return latents, actions, text, summary, names
 
 
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
@@ -294,7 +356,10 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
             ensure_cache(cfg, 0, 1, log) if tmp is not None else ensure_cache(cfg, rank, world_size, log)
         )
         found = discover(data_root(cfg), cfg.data.task)
-        latents, actions, text, summary = load_cached(cfg, directory, manifest, found, log)
+        try:
+            latents, actions, text, summary, names = load_cached(cfg, directory, manifest, found, log)
+        except SplitError as exc:
+            raise SplitError(f"{found.root}: {exc}") from exc
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -309,6 +374,8 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         text,
         normalised=manifest["spec"]["encoder"] != "patch_mean",
         data_summary=summary,
+        names=names,
+        held_out=summary.split["held_out"] if summary.split else (),
     )
 
 
