@@ -142,6 +142,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class InferConfig:
+    """Action inference (trainer/inference/), as the reference's server runs it; defaults = upstream
+    58c2ae5's wan_va/configs/va_franka_cfg.py (one arm + gripper, the setting closest to FurnitureBench)."""
+
+    frames_per_chunk: int = 4  # frame_chunk_size: latent frames generated per chunk
+    window: int = 30  # attn_window: the KV cache keeps window // 2 chunks of history
+    video_steps: int = 5  # num_inference_steps (video denoising loop)
+    action_steps: int = 10  # action_num_inference_steps
+    video_shift: float = 5.0  # snr_shift
+    action_shift: float = 1.0  # action_snr_shift
+    guidance: float = 5.0  # guidance_scale (video); > 1 runs the empty prompt as a second row
+    action_guidance: float = 1.0  # action_guidance_scale; > 1 also runs the second row
+    video_exec_step: int = -1  # video_exec_step: -1 = every video step then the t = 0 pass; k = first k
+    kv_cache: bool = True  # off: the history is recomputed before every pass (same result, for timing)
+
+
+@dataclass
 class ProfileConfig:
     enabled: bool = False  # torch.profiler window, traces per rank under RUN_DIR/profile/
     wait: int = 1
@@ -164,6 +181,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -199,6 +217,13 @@ class RunConfig:
                 t.steps > 0 and t.grad_accum > 0 and t.batch_size > 0,
                 "train.steps, grad_accum, batch_size must be > 0",
             ),
+            (
+                self.infer.frames_per_chunk > 0
+                and self.infer.video_steps > 0
+                and self.infer.action_steps > 0,
+                "infer.frames_per_chunk, video_steps, action_steps must be > 0",
+            ),
+            (self.infer.window >= 2, "infer.window must be >= 2 (the cache keeps window // 2 chunks)"),
             (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
             (
                 t.mixed_precision in ("auto", "bf16", "fp32"),
