@@ -153,6 +153,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class InferConfig:
+    """Action inference (trainer/inference/), as the reference's server runs it; defaults = upstream
+    58c2ae5's wan_va/configs/va_franka_cfg.py (one arm + gripper, the setting closest to FurnitureBench)."""
+
+    frames_per_chunk: int = 4  # frame_chunk_size: latent frames generated per chunk
+    window: int = 30  # attn_window: the KV cache keeps window // 2 chunks of history
+    video_steps: int = 5  # num_inference_steps (video denoising loop)
+    action_steps: int = 10  # action_num_inference_steps
+    video_shift: float = 5.0  # snr_shift
+    action_shift: float = 1.0  # action_snr_shift
+    guidance: float = 5.0  # guidance_scale (video); > 1 runs the empty prompt as a second row
+    action_guidance: float = 1.0  # action_guidance_scale; > 1 also runs the second row
+    video_exec_step: int = -1  # video_exec_step: -1 = every video step then the t = 0 pass; k = first k
+    kv_cache: bool = True  # off: the history is recomputed before every pass (same result, for timing)
+
+
+@dataclass
 class ProfileConfig:
     enabled: bool = False  # torch.profiler window, traces per rank under RUN_DIR/profile/
     wait: int = 1
@@ -197,6 +214,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)
     hang: HangConfig = field(default_factory=HangConfig)

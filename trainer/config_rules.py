@@ -224,6 +224,21 @@ RULES: dict[str, Rule | Free] = {
         lambda v, c: v * 0.9 > max(c.hang.floor_s, c.hang.start_s),
         "60",
     ),
+    # infer (trainer/inference/: the reference's sampling settings)
+    "infer.frames_per_chunk": POSITIVE,
+    "infer.window": Rule(">= 2 (the KV cache keeps window // 2 chunks)", lambda v, c: v >= 2, "1"),
+    "infer.video_steps": POSITIVE,
+    "infer.action_steps": POSITIVE,
+    "infer.video_shift": POSITIVE,
+    "infer.action_shift": POSITIVE,
+    "infer.guidance": Rule(">= 1 (1: no classifier-free guidance)", lambda v, c: v >= 1, "0.5"),
+    "infer.action_guidance": Rule(">= 1 (1: no classifier-free guidance)", lambda v, c: v >= 1, "0.5"),
+    "infer.video_exec_step": Rule(
+        "-1 (every video step) or 1..infer.video_steps",
+        lambda v, c: v == -1 or 1 <= v <= c.infer.video_steps,
+        "0",
+    ),
+    "infer.kv_cache": BOOL,
     # profile
     "profile.enabled": BOOL,
     "profile.wait": NON_NEGATIVE,

@@ -1,0 +1,193 @@
+"""Action inference (trainer/inference/, trainer/model/kv_cache.py, streaming.py) and open-loop evaluation:
+the schedule, the cache's keep/evict/drop rules, cached == recomputed history, first-chunk conditioning,
+zeroed unused channels, guidance rows (action guidance without video guidance works), bin/evaluate's
+targets, a DCP checkpoint loaded unsharded, and the evaluation's counts and determinism."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.lingbot_tiny import VIEWS, tiny_cfg
+from trainer.batch import ACTION_SLOTS, action_slot_mask
+from trainer.config import InferConfig
+from trainer.data.normalize import QuantileNormalizer
+from trainer.inference.evaluate import Episode, evaluate_open_loop
+from trainer.inference.load import TargetError, load_model, resolve_target
+from trainer.inference.sampler import ChunkSampler
+from trainer.inference.scheduler import FlowSchedule
+from trainer.model import WorldModel
+from trainer.model.kv_cache import LayerKVCache
+
+pytestmark = pytest.mark.fast
+F, TEXT = 2, 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = WorldModel(tiny_cfg()).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return m
+
+
+def _sampler(model, **infer):
+    icfg = InferConfig(**{"frames_per_chunk": F, "video_steps": 3, "action_steps": 3, **infer})
+    g = torch.Generator().manual_seed(1)
+    text = torch.randn(2, TEXT, model.cfg.model.text_dim, generator=g)
+    mask = action_slot_mask(model.cfg.model.action_dim, len(ACTION_SLOTS))
+    m = model.cfg.model
+    grid = (m.latent_channels, m.latent_size, m.latent_size * VIEWS)
+    return ChunkSampler(model, icfg, mask, text[0], text[1], video_grid=grid)
+
+
+def _session(sampler, chunks=2, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    c, h, w = sampler.grid
+    n, a = sampler.model.apf, sampler.mask.numel()
+    real = torch.randn(chunks * F, c, h, w, generator=g)
+    acts = torch.randn(chunks * F * n, a, generator=g).clamp(-1.5, 1.5)
+    out = []
+    for k in range(chunks):
+        noise = torch.randn(F, c, h, w, generator=g), torch.randn(F * n, a, generator=g)
+        out.append(sampler.sample(real[0] if k == 0 else None, *noise))
+        if k + 1 < chunks:
+            sampler.observe(real[k * F : (k + 1) * F], acts[k * F * n : (k + 1) * F * n])
+    return real, out
+
+
+def test_schedule_is_the_shifted_linear_grid_then_the_cache_pass():
+    s = FlowSchedule.make(4, 5.0)
+    base = torch.tensor([1.0, 0.75, 0.5, 0.25])
+    torch.testing.assert_close(s.sigmas, 5 * base / (1 + 4 * base))
+    assert s.loop_timesteps() == [*(1000 * s.sigmas).tolist(), 0.0]
+    assert s.loop_timesteps(3) == (1000 * s.sigmas).tolist()[:3]
+    x, v = torch.ones(3), torch.full((3,), 2.0)
+    torch.testing.assert_close(s.step(v, 3, x), x + v * (0 - s.sigmas[3]))
+
+
+def test_cache_keeps_real_and_predicted_drops_predicted_and_evicts_the_oldest():
+    cache = LayerKVCache(rows=1, capacity=6, heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+
+    def call(n, keep, value):
+        cache.keep = keep
+        q = torch.zeros(1, 1, n, 2)
+        k = torch.full((1, 1, n, 2), float(value))
+        return cache.attend(q, k, k)
+
+    call(2, "real", 1.0)
+    assert cache.tokens() == 2
+    out = call(3, "none", 3.0)  # attends the 2 kept + itself (uniform: q = 0), then released
+    torch.testing.assert_close(out, torch.full_like(out, (2 * 1 + 3 * 3) / 5))
+    assert cache.tokens() == 2
+    call(2, "pred", 5.0)
+    assert cache.tokens() == 4 and int(cache.predicted[cache.used].sum()) == 2
+    cache.drop_predicted()
+    assert cache.tokens() == 2
+    call(3, "real", 7.0)
+    out = call(2, "none", 9.0)  # 5 in use + 2 > 6: one slot of the oldest write (value 1) goes, for good
+    torch.testing.assert_close(out, torch.full_like(out, (1 * 1 + 3 * 7 + 2 * 9) / 6))
+    assert cache.tokens() == 4
+    with pytest.raises(ValueError, match="exceed its capacity"):
+        call(7, "none", 0.0)
+
+
+def test_cached_history_equals_recomputed_history(model):
+    _, cached = _session(_sampler(model))
+    _, recomputed = _session(_sampler(model, kv_cache=False))
+    for a, b in zip(cached, recomputed, strict=True):
+        torch.testing.assert_close(a.latents, b.latents, rtol=0, atol=1e-5)
+        torch.testing.assert_close(a.actions, b.actions, rtol=0, atol=1e-5)
+
+
+def test_first_chunk_is_conditioned_and_unused_channels_are_zero(model):
+    sampler = _sampler(model)
+    real, (c0, c1) = _session(sampler)
+    n = model.apf
+    torch.testing.assert_close(c0.latents[0], real[0])
+    assert (c0.actions[:n] == 0).all() and (c1.actions[:n] != 0).any()
+    unused = ~sampler.mask
+    assert (c0.actions[:, unused] == 0).all() and (c1.actions[:, unused] == 0).all()
+    assert (c0.frame_start, c1.frame_start) == (0, F)
+    assert not torch.allclose(c1.latents[0], real[F])
+
+
+def test_predicted_entries_are_dropped_when_observations_arrive(model):
+    sampler = _sampler(model)
+    c, h, w = sampler.grid
+    sampler.sample(torch.zeros(c, h, w))
+    per_chunk = sampler.video_tokens + sampler.action_tokens
+    assert sampler.cache.tokens() == per_chunk  # the two t = 0 passes, predicted
+    sampler.observe(torch.zeros(F, c, h, w), torch.zeros(F * model.apf, sampler.mask.numel()))
+    layer = sampler.cache.layers[0]
+    assert sampler.cache.tokens() == per_chunk and not layer.predicted[layer.used].any()
+
+
+def test_action_guidance_without_video_guidance_runs_two_rows(model):
+    plain, guided = _sampler(model, guidance=1.0), _sampler(model, guidance=1.0, action_guidance=3.0)
+    assert (plain.rows, guided.rows) == (1, 2)
+    _, a = _session(plain)
+    _, b = _session(guided)
+    torch.testing.assert_close(a[0].latents, b[0].latents, rtol=0, atol=1e-5)  # row 0 is the same video
+    assert not torch.allclose(a[0].actions, b[0].actions, atol=1e-3)
+
+
+def _episodes(model, count=2, frames=5):
+    g = torch.Generator().manual_seed(9)
+    m, n = model.cfg.model, model.apf
+    mask = action_slot_mask(m.action_dim, len(ACTION_SLOTS))
+    return [
+        Episode(
+            f"ep{i}",
+            torch.randn(frames, m.latent_channels, m.latent_size, m.latent_size * VIEWS, generator=g),
+            torch.randn(frames * n, m.action_dim, generator=g).clamp(-1.5, 1.5) * mask,
+        )
+        for i in range(count)
+    ]
+
+
+def test_open_loop_evaluation_counts_and_is_reproducible(model):
+    norm = QuantileNormalizer(
+        np.linspace(-1, 0, 8).astype(np.float32), np.linspace(1, 3, 8).astype(np.float32)
+    )
+    eps = _episodes(model)
+    first = evaluate_open_loop(_sampler(model), eps, ACTION_SLOTS, norm, seed=3)
+    again = evaluate_open_loop(_sampler(model), eps, ACTION_SLOTS, norm, seed=3)
+    assert first == again
+    o = first["overall"]
+    # 5 frames, chunks of 2: two chunks per episode, 1 + 2 predicted frames, 1 frame left over
+    assert (o["chunks"], o["frames"], o["frames_skipped"]) == (4, 6, 2)
+    assert o["actions"] == 6 * model.apf
+    assert set(o["groups"]) == {"position", "rotation", "gripper"} and o["latent_mse"] > 0
+    span = (norm.q99 - norm.q01) / 2  # robot error = normalised error x half the quantile span, per channel
+    for i, (name, v) in enumerate(o["per_channel"].items()):
+        assert v["mae_robot"] == pytest.approx(v["mae_norm"] * span[i], rel=1e-4), name
+    assert evaluate_open_loop(_sampler(model), eps, ACTION_SLOTS, norm, seed=4) != first
+
+
+def test_evaluate_targets_are_named_in_errors(tmp_path):
+    with pytest.raises(TargetError, match="no such directory"):
+        resolve_target(tmp_path / "missing")
+    with pytest.raises(TargetError, match=r"neither a run dir"):
+        resolve_target(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(TargetError, match="no complete checkpoint"):
+        resolve_target(tmp_path)
+
+
+def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = tmp_path / "checkpoints" / "checkpoint_step_7"
+    ckpt.mkdir(parents=True)
+    dcp.save({"train": {"model": model.state_dict()}}, checkpoint_id=str(ckpt), no_dist=True)
+    (ckpt / "train_state.json").write_text(json.dumps({"step": 7, "config": model.cfg.to_dict()}))
+    files = {p.name: p.stat().st_size for p in ckpt.iterdir()}
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": 7, "files": files}))
+    loaded, cfg, what = load_model(tmp_path, None)
+    assert "checkpoint_step_7" in what and cfg.model.dim == model.cfg.model.dim
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -1,0 +1,121 @@
+"""What `bin/evaluate TARGET` evaluates: a plain (unsharded) model on one process, and its run config.
+
+TARGET is one of
+    RUN_DIR                      the newest complete checkpoint under RUN_DIR/checkpoints/
+    RUN_DIR/checkpoints/checkpoint_step_N   that DCP checkpoint (its train_state.json holds the run config)
+    a reference-layout folder    <dir>/transformer/{config.json, *.safetensors} or the transformer/ itself:
+                                 the released lingbot-va-base folder, or a checkpoint's export (checkpoint.
+                                 export=reference); the run config is --config (dims from its config.json)
+A DCP checkpoint is read without a process group (torch.distributed.checkpoint's single-process load) into
+a plain WorldModel: the FSDP2-wrapped training model cannot run inference (its parameters are DTensors).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from trainer.checkpoint_layout import MARKER, TRAIN_STATE, latest_complete
+from trainer.config import ConfigError, RunConfig, config_from_dict
+
+
+class TargetError(ValueError):
+    """TARGET cannot be evaluated; the message names the path and what was expected."""
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / TRAIN_STATE).is_file() and (path / MARKER).is_file()
+
+
+def _reference_folder(path: Path) -> Path | None:
+    for folder in (path / "transformer", path):
+        if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+            return folder
+    return None
+
+
+def resolve_target(target: str | Path) -> tuple[str, Path]:
+    """("checkpoint", dir) or ("reference", transformer dir); TargetError otherwise."""
+    path = Path(target)
+    if not path.is_dir():
+        raise TargetError(
+            f"{path}: no such directory (expected a run dir, a checkpoint or a released folder)"
+        )
+    if _is_checkpoint(path):
+        return "checkpoint", path
+    if (path / "checkpoints").is_dir():
+        info = latest_complete(path / "checkpoints")
+        if info is None:
+            raise TargetError(f"{path}/checkpoints: no complete checkpoint (train longer, or name one)")
+        return "checkpoint", info.path
+    folder = _reference_folder(path)
+    if folder is not None:
+        return "reference", folder
+    raise TargetError(
+        f"{path}: neither a run dir (checkpoints/), a checkpoint ({TRAIN_STATE} + {MARKER}) nor a "
+        "reference-layout folder (transformer/config.json + *.safetensors)"
+    )
+
+
+def checkpoint_config(path: Path) -> RunConfig:
+    source = path / TRAIN_STATE
+    try:
+        tree = json.loads(source.read_text())["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise TargetError(f"{source}: unreadable or without a 'config' entry ({exc})") from exc
+    try:
+        cfg = config_from_dict(tree, str(source))
+    except ConfigError as exc:
+        raise TargetError(str(exc)) from exc
+    cfg.model.pretrained = ""  # the checkpoint's weights replace any warm start
+    return cfg
+
+
+def load_checkpoint_model(path: Path, cfg: RunConfig):
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.model import WorldModel
+
+    model = WorldModel(cfg).eval()
+    state = model.state_dict()
+    try:
+        dcp.load({"train": {"model": state}}, checkpoint_id=str(path), no_dist=True)
+    except Exception as exc:  # DCP reports missing/mismatched keys as CheckpointException
+        raise TargetError(f"{path}: its model state does not load into the run's model ({exc})") from exc
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def load_reference_model(folder: Path, cfg: RunConfig):
+    from trainer.model import PretrainedError, WorldModel, apply_pretrained_config, load_full
+
+    cfg = copy.deepcopy(cfg)
+    cfg.model.pretrained = str(folder)
+    try:
+        apply_pretrained_config(cfg)
+        model = WorldModel(cfg).eval()
+        load_full(model, folder)  # strict: a missing or misshapen tensor raises, naming it
+    except PretrainedError as exc:
+        raise TargetError(str(exc)) from exc
+    return model.float(), cfg
+
+
+def load_model(target: str | Path, cfg_for_reference: RunConfig | None):
+    """(model fp32 on CPU, cfg, description) for TARGET (see the module docstring)."""
+    kind, path = resolve_target(target)
+    if kind == "checkpoint":
+        cfg = checkpoint_config(path)
+        return load_checkpoint_model(path, cfg).float(), cfg, f"checkpoint {path}"
+    if cfg_for_reference is None:
+        raise TargetError(f"{path}: a reference-layout folder needs a run config (--config)")
+    model, cfg = load_reference_model(path, cfg_for_reference)
+    return model, cfg, f"reference-layout weights {path}"
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
