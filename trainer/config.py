@@ -157,6 +157,14 @@ class LogConfig:
 
 
 @dataclass
+class PlanConfig:
+    """The preflight's memory check on a GPU node (trainer/plan/, docs/plan.md)."""
+
+    margin: float = 0.10  # the traced peak must stay under (1 - margin) x the GPU's memory
+    allow_overfit: bool = False  # run a config predicted not to fit anyway (warns)
+
+
+@dataclass
 class RunConfig:
     name: str = "furniture_train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -166,6 +174,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -200,6 +209,7 @@ class RunConfig:
                 "train.steps, grad_accum, batch_size must be > 0",
             ),
             (t.grad_sync in ("last", "every"), "train.grad_sync must be last or every"),
+            (0 <= self.plan.margin < 1, "plan.margin must be in [0, 1)"),
             (
                 t.mixed_precision in ("auto", "bf16", "fp32"),
                 "train.mixed_precision must be auto, bf16 or fp32",
