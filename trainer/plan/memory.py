@@ -103,21 +103,22 @@ class FlexMemoryBackend:
 # --- the trace --------------------------------------------------------------------------------------
 
 
-def synthetic_micro_batch(cfg) -> dict:
-    """A micro-batch of the shapes the stream produces for cfg (values irrelevant: only shapes count)."""
+def synthetic_micro_batch(cfg, seed: int = 0) -> dict:
+    """A micro-batch of the shapes the stream produces for cfg (random latents; the recipe's draws)."""
     from trainer.recipe import EmptyText, draw_micro_batch
 
     m, d, b = cfg.model, cfg.data, cfg.train.batch_size
     f, n, views, text = d.frames, d.actions_per_frame, len(d.cameras), d.text_length
+    g = torch.Generator().manual_seed(seed)
     clean = {
-        "latents": torch.zeros(b, f, m.latent_channels, m.latent_size, m.latent_size * views),
+        "latents": torch.randn(b, f, m.latent_channels, m.latent_size, m.latent_size * views, generator=g),
         "actions": torch.zeros(b, f * n, m.action_dim),
         "action_mask": torch.ones(b, f * n, m.action_dim, dtype=torch.bool),
         "text_emb": torch.zeros(b, text, m.text_dim),
         "text_mask": torch.ones(b, text, dtype=torch.bool),
     }
     empty = EmptyText(torch.zeros(text, m.text_dim), torch.zeros(text, dtype=torch.bool))
-    return dict(draw_micro_batch(cfg.recipe, clean, empty, torch.Generator().manual_seed(0)))
+    return dict(draw_micro_batch(cfg.recipe, clean, empty, g))
 
 
 def micro_steps(grad_accum: int) -> list[int]:
