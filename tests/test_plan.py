@@ -97,7 +97,7 @@ def test_lower_bound_is_compute_or_comm_whichever_is_slower():
     assert estimate.mfu_at(plan, gpu_kind("B200"), 13.3) == pytest.approx(3e15 / (13.3 * 2.25e15))
 
 
-@pytest.mark.heavy  # traces the tiny model once per candidate change (seconds each; minutes on a busy machine)
+@pytest.mark.heavy  # traces the tiny model once per candidate change
 def test_plan_of_a_tiny_model_and_its_refusal():
     from trainer.plan.gpus import GpuKind
     from trainer.plan.report import format_plan, refusal_message
