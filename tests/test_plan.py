@@ -18,10 +18,10 @@ from trainer.profiling import BF16_DENSE_PEAK_FLOPS
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
     "model.pretrained": "",
-    "model.dim": 64,
+    "model.dim": 48,
     "model.heads": 4,
     "model.depth": 2,
-    "model.ffn_dim": 128,
+    "model.ffn_dim": 96,
     "model.text_dim": 32,
     "model.latent_channels": 8,
     "model.latent_size": 8,
