@@ -207,6 +207,14 @@ HANG_POLICIES = ("auto", "fail", "requeue")
 
 
 @dataclass
+class PlanConfig:
+    """The preflight's memory check on a GPU node (trainer/plan/, docs/plan.md)."""
+
+    margin: float = 0.10  # the traced peak must stay under (1 - margin) x the GPU's memory
+    allow_overfit: bool = False  # run a config predicted not to fit anyway (warns)
+
+
+@dataclass
 class RunConfig:
     name: str = "furniture_train"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -218,6 +226,7 @@ class RunConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)
     hang: HangConfig = field(default_factory=HangConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -239,6 +239,9 @@ RULES: dict[str, Rule | Free] = {
         "0",
     ),
     "infer.kv_cache": BOOL,
+    # plan (trainer/plan/: the preflight's memory check on a GPU node)
+    "plan.margin": Rule("in [0, 1) (the share of GPU memory kept free)", lambda v, c: 0 <= v < 1, "1"),
+    "plan.allow_overfit": BOOL,
     # profile
     "profile.enabled": BOOL,
     "profile.wait": NON_NEGATIVE,

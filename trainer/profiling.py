@@ -18,17 +18,12 @@ from typing import Any
 
 import torch
 
-# Dense (non-sparse) bf16 tensor-core peaks per device, FLOP/s, from NVIDIA's data sheets.
-# Order matters: the first substring found in torch.cuda.get_device_name() wins.
-BF16_DENSE_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
-    ("GB200", 2.5e15),
-    ("B200", 2.25e15),
-    ("H200", 989e12),
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM and other variants
-    ("A100", 312e12),
-)
+from trainer.plan.gpus import GPU_KINDS
+
+# Dense (non-sparse) bf16 tensor-core peaks per device, FLOP/s, from NVIDIA's data sheets (the table, with
+# each figure's source, is trainer/plan/gpus.py). Order matters: the first substring found in
+# torch.cuda.get_device_name() wins.
+BF16_DENSE_PEAK_FLOPS: tuple[tuple[str, float], ...] = tuple((k.name, k.bf16_dense_flops) for k in GPU_KINDS)
 
 
 def device_peak_flops(device: torch.device | str) -> float | None:

@@ -3,6 +3,7 @@
 bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=value ...]
           [--cpu-scale | --no-cpu-scale] [--nnodes N --node-rank R --master-addr A --master-port P]
           [--require-env] [--preflight-only] [--env-checked] [--no-requeue] [--json | --json-file FILE]
+          [--plan [--gpu KIND]]
           [--sbatch [FILE] [--time T] [--partition P] [--account A] [--cpus-per-task C]
                    [--gpus-per-node G] [--signal-lead S]]
 """
@@ -88,6 +89,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--json-file", type=Path, metavar="FILE", help="write that JSON object to FILE (atomically)"
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the run's plan (memory per GPU, FLOPs, communication, step time and ETA lower bounds, "
+        "checkpoint size; docs/plan.md) and exit without starting ranks",
+    )
+    parser.add_argument("--gpu", metavar="KIND", help="--plan: the GPU kind (B200, H200, H100, A100, ...)")
     _add_sbatch_options(parser)
     return parser.parse_args(argv)
 

@@ -61,7 +61,8 @@ from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
 from trainer.launcher.inputs import inputs_check
-from trainer.launcher.preflight import check_run_dir, env_checks, space_check
+from trainer.launcher.plancmd import show_plan
+from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, space_check
 from trainer.launcher.rendezvous import rendezvous
 from trainer.launcher.resolved import Known, Launch
 from trainer.launcher.summaries import (
@@ -165,6 +166,8 @@ def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, Pretrai
 
 
 def _main(args: argparse.Namespace, started: float, known: Known) -> int:
+    if args.plan:
+        return show_plan(args, known)
     environ = dict(os.environ)
     gpus = 0 if args.sbatch is not None else gpu_count()
     try:
@@ -284,6 +287,9 @@ def _preflight(
             say(note)
     if rdzv.node_rank == 0:
         for note in space_check(run_dir, cfg, world_size):
+            say(note)
+    if gpus and not cpu_scale:
+        for note in plan_check(cfg, world_size, rdzv.nnodes):  # refuses a run predicted not to fit
             say(note)
     return Launch(cfg, run_dir, rdzv, world_size, choice, env, cpu_scale)
 

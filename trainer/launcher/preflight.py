@@ -262,3 +262,16 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     if cfg.checkpoint.skip_space_check:
         return [f"WARNING: {message} -- checkpoint.skip_space_check=true: running anyway"]
     raise PreflightError(message)
+
+
+def plan_check(cfg: RunConfig, world_size: int, nnodes: int) -> list[str]:
+    """The plan (trainer/plan/) for the GPU found here: notes; PreflightError when the traced peak does
+    not fit (1 - plan.margin) of its memory (plan.allow_overfit=true: a warning instead)."""
+    import torch
+
+    from trainer.plan.report import preflight_plan
+
+    notes, refusal = preflight_plan(cfg, world_size, nnodes, torch.cuda.get_device_name(0))
+    if refusal:
+        raise PreflightError(refusal)
+    return notes

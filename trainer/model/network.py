@@ -96,6 +96,11 @@ class WorldModel(nn.Module):
         self._backend_device = "any"
         self.attention_name, self.attention_reason = name, reason
 
+    def use_attention_backend(self, backend, reason: str) -> None:
+        """Use this backend object (build_mask/attend, as trainer/attention.py) on every device."""
+        self._backend, self._backend_device = backend, "any"
+        self.attention_name, self.attention_reason = backend.name, reason
+
     def _backend_for(self, device: torch.device):
         if self._backend is None or self._backend_device not in ("any", device.type):
             name, reason = resolve_backend(self.cfg, device)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The first-GPU check, as one call (<= ~8 min on one GPU): bin/envcheck with its GPU checks, then
+# bench/gpu_check.py (3 training steps at the cluster config's block shapes with a few layers: compiled
+# FlexAttention with the LingBot mask, bf16, FSDP2 on 1 GPU, activation checkpointing; step-time
+# breakdown, MFU, recompiles, peak memory and step time against trainer/plan's prediction).
+#
+#   bench/gpu_check.sh [--dry-run] [OUT_DIR]      # OUT_DIR default: $OUT, else bench/results/gpu_check
+#
+# Writes OUT_DIR/gpu_check.json (the result; also on a machine without a GPU, where it says "no_gpu")
+# and OUT_DIR/envcheck.json. Python: $PYTHON, else the tree's .venv (built by bin/_tool_env.sh when it
+# is missing and PyPI is reachable), else python3. Exit: 0 measured; 3 no GPU or --dry-run (nothing is
+# measured, nothing faked); anything else: the step that failed.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dry=()
+if [[ "${1:-}" == "--dry-run" ]]; then
+  dry=(--dry-run)
+  shift
+fi
+out_dir="${1:-${OUT:-$root/bench/results/gpu_check}}"
+mkdir -p "$out_dir"
+
+python="${PYTHON:-}"
+if [[ -z "$python" ]]; then
+  if [[ -x "$root/.venv/bin/python" ]]; then
+    python="$root/.venv/bin/python"
+  else
+    python="$(command -v python3)"
+  fi
+fi
+echo "gpu_check: python $python; results in $out_dir"
+
+gpu=0
+if [[ ${#dry[@]} -eq 0 ]] && "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  gpu=1
+fi
+
+if [[ $gpu -eq 1 ]]; then
+  # the full table, GPU rows included; its verdict is recorded, not fatal (a bare machine has no
+  # provisioned env: those rows FAIL and say so)
+  set +e
+  LINGBOT_ENV_PYTHON="$python" timeout 300 "$root/bin/envcheck" --json-file "$out_dir/envcheck.json"
+  echo "gpu_check: bin/envcheck exit $?"
+  set -e
+else
+  echo "gpu_check: no GPU (or --dry-run): bin/envcheck's GPU checks not run"
+fi
+
+cd "$root"
+exec timeout 420 "$python" bench/gpu_check.py --out "$out_dir/gpu_check.json" "${dry[@]}"
