@@ -27,6 +27,8 @@ from provision.lock import LockError, check_lock
 from provision.spec import load_spec
 from tests.support.channel import index_channel, make_package
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 CONDA_LOCK = Path(sys.executable).parent / "conda-lock"
 

@@ -15,6 +15,8 @@ from provision.lock import LockError, check_lock, content_hash, read_lock
 from provision.spec import SpecError, check_env_name, load_spec
 from tests.support.channel import index_channel, make_package
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 
