@@ -11,10 +11,13 @@ paths (`/media/kit`, `/models/...`) are not checked: they are examples a reader 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import io
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -32,7 +35,7 @@ FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9-]*")
 FENCE = re.compile(r"^```(\w*)\s*$")
 INLINE = re.compile(r"`([^`\n]+)`")
 PROGRAM = re.compile(
-    r"^(?:[A-Z_]+=\S+\s+)*(bin/\w+|(?:\.venv/bin/)?python3? -m [\w.]+|torchrun|bash \.ci/run)"
+    r"^(?:[A-Z_]+=\S+\s+)*(bin/\w+(?![\w./])|(?:\.venv/bin/)?python3? -m [\w.]+|torchrun|bash \.ci/run)"
 )
 
 
@@ -63,18 +66,29 @@ def documented_commands() -> list[tuple[str, str]]:
 
 @functools.cache
 def help_flags(module: str) -> frozenset[str]:
-    """The --flags `python -m MODULE --help` lists (run with this interpreter, from the repo)."""
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert done.returncode == 0, f"python -m {module} --help exited {done.returncode}: {done.stderr[-2000:]}"
-    flags = frozenset(FLAG.findall(done.stdout))
-    assert "--help" in flags, f"python -m {module} --help printed no flags:\n{done.stdout}"
+    """The --flags `python -m MODULE --help` lists. Run in this process (runpy: the CLI modules are
+    argparse/click entry points that print their help and exit before doing anything else), except
+    pytest, which must not start a session inside this one."""
+    if module == "pytest":
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, f"pytest --help exited {done.returncode}: {done.stderr[-2000:]}"
+        text = done.stdout
+    else:
+        out, argv, code = io.StringIO(), sys.argv, None
+        sys.argv = [module, "--help"]
+        try:
+            with contextlib.redirect_stdout(out):
+                runpy.run_module(module, run_name="__main__", alter_sys=False)
+        except SystemExit as exc:  # argparse/click exit after the help (torchrun's @record swallows it)
+            code = exc.code
+        finally:
+            sys.argv = argv
+        assert code in (0, None), f"python -m {module} --help exited {code}"
+        text = out.getvalue()
+    flags = frozenset(FLAG.findall(text))
+    assert "--help" in flags, f"python -m {module} --help printed no flags:\n{text}"
     return flags
 
 
