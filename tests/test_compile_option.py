@@ -13,7 +13,7 @@ from tests.support.lingbot_tiny import TinyStream, tiny_cfg
 from trainer.model import WorldModel
 from trainer.parallel import clip_grad_norm, prepare_micro_step, shard_model
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.heavy
 
 STEPS, ACCUM = 3, 2
 # Inductor fuses and reorders fp32 reductions: per-op differences ~1e-6, amplified a little by 3 AdamW

@@ -517,7 +517,7 @@ def test_missing_dataset_without_generation(tmp_path):
         ensure_dataset(small_cfg(tmp_path / "absent", **{"data.generate_if_missing": False}))
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_generate_cli(tmp_path):
     out = tmp_path / "cli"
     args = [sys.executable, "-m", "trainer.data.generate", str(out), "--episodes", "2", "--length", "5"]

@@ -101,7 +101,7 @@ def assert_intact(env: Path) -> dict:
     return manifest
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     env = tmp_path / "envs" / "small-env"
@@ -125,7 +125,7 @@ def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_chann
     )
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     mirror = tmp_path / "mirror"
@@ -141,7 +141,7 @@ def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
     assert "md5" in result.stderr and "sha256" in result.stderr
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_existing_directory_not_made_by_provision_is_refused(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     foreign = tmp_path / "envs" / "small-env"

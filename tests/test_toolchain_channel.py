@@ -91,7 +91,7 @@ def compiler_env(worker_env: dict[str, str], prefix: Path) -> dict[str, str]:
     return dict(worker_env, CC=f"{prefix}/bin/{TARGET}-cc", CXX=f"{prefix}/bin/{TARGET}-c++")
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
     for prefix in toolchain_prefixes:
         for cmd in ("cc", "c++", "gcc", "g++", "cpp", "ld", "as", "ar"):
@@ -107,7 +107,7 @@ def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
         assert str(toolchain_prefixes[0]) not in wrapper.read_text()
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixes):
     prefix = toolchain_prefixes[1]
     script = (
@@ -126,7 +126,7 @@ def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixe
     assert out[3:] == ["/old/cc", "unset"]
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 @pytest.mark.skipif(
     shutil.which("shellcheck") is None, reason="shellcheck not installed (see .ci/apt-packages.txt)"
 )

@@ -59,7 +59,7 @@ def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env, preflight_record
     assert the_object(again.stdout)["status"] == "completed"
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_usage_and_config_errors_are_json_with_exit_2(tmp_path, env):
     bad_nproc = bin_train(env, "furniture_train", "0", "--json")
     assert bad_nproc.returncode == 2
@@ -79,7 +79,7 @@ def test_usage_and_config_errors_are_json_with_exit_2(tmp_path, env):
     assert json.loads(target.read_text())["ok"] is False
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_preflight_failure_is_the_summary_with_exit_3(tmp_path, env):
     run_dir = tmp_path / "run"
     out = bin_train(env, "furniture_train", "2", "--run-dir", str(run_dir), "--env", "nope", "--json")
@@ -89,7 +89,7 @@ def test_preflight_failure_is_the_summary_with_exit_3(tmp_path, env):
     assert "nope" in obj["reason"]
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_sbatch_to_stdout_travels_inside_the_object(tmp_path, env):
     out = bin_train(env, "furniture_train", "2", "--sbatch", "--cpu-scale", "--json")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -2,7 +2,9 @@
 
 fast   `bin/test --fast` (pytest -m fast): no daemon, no mount, no worker simulation, no multi-process
        training run or bin/train run; seconds each.
-heavy  the rest; only the whole suite (`bin/test`, what .ci/run runs) runs them.
+heavy  the rest; only the whole suite (`bin/test`, what .ci/run runs) runs them. Also heavy, to keep
+       the quick lane under 2 minutes: a test that installs or solves packages (provision, pip,
+       conda-lock), builds the toolchain channel, or compiles through Inductor for tens of seconds.
 
 `pytest_collection_modifyitems` (imported by tests/conftest.py, so it is a hook of every run) fails the
 collection, naming each test, when a test carries neither marker or both (a module's `pytestmark` and a
