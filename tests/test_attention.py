@@ -13,6 +13,8 @@ from trainer.attention import (
 from trainer.config import RunConfig
 from trainer.masks import SequenceShape, dense_mask, lingbot_mask_mod, token_layout
 
+pytestmark = pytest.mark.fast
+
 SHAPE = SequenceShape(frames=4, tokens_per_frame=16, actions_per_frame=2)
 BLOCK = 64
 

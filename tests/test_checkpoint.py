@@ -18,6 +18,8 @@ from torch.distributed.fsdp import fully_shard
 from trainer.checkpoint import MARKER, SAFETENSORS, Checkpointer, latest_complete, resume_conflicts, scan
 from trainer.config import CheckpointConfig, load_config
 
+pytestmark = pytest.mark.fast
+
 
 def fake_complete(root, step: int, train_state: dict | None = None):
     """A directory that passes the completeness test (marker listing the files with their sizes)."""

@@ -15,6 +15,8 @@ from trainer.attention import make_backend
 from trainer.masks import SequenceShape, lingbot_mask_mod, token_layout
 from trainer.model import WorldModel
 
+pytestmark = pytest.mark.heavy
+
 STEPS = 50
 
 

@@ -4,6 +4,7 @@ per-micro-batch chunk and window redraws change mask values only, never a shape,
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
@@ -11,6 +12,8 @@ from torch._dynamo.utils import counters
 from tests.support.lingbot_tiny import TinyStream, tiny_cfg
 from trainer.model import WorldModel
 from trainer.parallel import clip_grad_norm, prepare_micro_step, shard_model
+
+pytestmark = pytest.mark.heavy
 
 STEPS, ACCUM = 3, 2
 # Inductor fuses and reorders fp32 reductions: per-op differences ~1e-6, amplified a little by 3 AdamW

@@ -68,6 +68,7 @@ def offline(argv: list[str]) -> list[str]:
     return argv
 
 
+@pytest.mark.heavy
 def test_conda_lock_cli_says_the_committed_lock_is_current(tmp_path):
     work = tmp_path / "checkout"
     work.mkdir()
@@ -184,6 +185,7 @@ def run_cli(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.fast
 def test_conda_lock_written_lock_has_its_shape(tmp_path, tiny_channel):
     _, lock = make_project(tmp_path, tiny_channel)
     data = yaml.safe_load(lock.read_text())
@@ -194,6 +196,7 @@ def test_conda_lock_written_lock_has_its_shape(tmp_path, tiny_channel):
     assert [p["optional"] for p in sorted(betas, key=lambda p: p["category"])] == [True, False]
 
 
+@pytest.mark.heavy
 def test_conda_lock_written_lock_installs_with_the_drift_rule_named(tmp_path, tiny_channel):
     spec, lock = make_project(tmp_path, tiny_channel)
     proc = run_cli(["tiny-env", "-f", str(spec), "--lockfile", str(lock), "--json"], tmp_path)
@@ -215,6 +218,7 @@ def test_conda_lock_written_lock_installs_with_the_drift_rule_named(tmp_path, ti
     assert "conda-lock's default virtual packages (the lock records none)" in str(info.value)
 
 
+@pytest.mark.fast
 def test_lock_without_a_spec_installs_with_a_warning(tmp_path, tiny_channel):
     _, lock = make_project(tmp_path, tiny_channel)
     alone = tmp_path / "alone" / "conda-lock.yml"
@@ -230,6 +234,7 @@ def test_lock_without_a_spec_installs_with_a_warning(tmp_path, tiny_channel):
     assert nameless.returncode == 2 and "name the env" in nameless.stderr
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "edit, message",
     [
@@ -249,6 +254,7 @@ def test_unknown_manager_or_platform_is_refused_naming_it(tmp_path, tiny_channel
     assert not (tmp_path / "envs" / "tiny-env").exists()
 
 
+@pytest.mark.fast
 def test_a_name_in_both_parts_is_refused_naming_it(tmp_path, tiny_channel):
     spec, lock = make_project(tmp_path, tiny_channel)
     data = yaml.safe_load(lock.read_text())

@@ -8,6 +8,8 @@ import pytest
 
 from trainer.config import ConfigError, available_configs, load_config, parse_set
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("name", available_configs())
 @pytest.mark.parametrize("cpu_scale", [False, True])

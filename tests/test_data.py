@@ -66,6 +66,7 @@ def dataset(tmp_path_factory):
     return root
 
 
+@pytest.mark.fast
 def test_generator_writes_the_collectors_layout(dataset):
     files = collector_files(dataset)
     assert [f.parent.name for f in files] == [generate_mod.collector_name(i) for i in range(EPISODES)]
@@ -86,6 +87,7 @@ def test_generator_writes_the_collectors_layout(dataset):
     np.testing.assert_array_equal(ep.images["color_image2"][5], raw["observations"][5]["color_image2"])
 
 
+@pytest.mark.fast
 def test_observation_failure_episode_loads_with_the_extra_skill_dropped(dataset):
     path = collector_files(dataset)[generate_mod.OBS_FAILURE]
     with open(path, "rb") as fh:
@@ -96,6 +98,7 @@ def test_observation_failure_episode_loads_with_the_extra_skill_dropped(dataset)
     assert any("observation-failure" in n for n in ep.notes)
 
 
+@pytest.mark.fast
 def test_discovery_layouts_and_order(tmp_path):
     data = generate_mod.generate_episode(0, 0, 4, "one_leg")
     for name in ("2026-03-01-10:00:00", "2025-12-31-23:59:59"):  # collector data_path, any order on disk
@@ -133,6 +136,7 @@ def _preprocessed(raw: dict, save_last_step: bool = False) -> dict:
     }
 
 
+@pytest.mark.fast
 def test_preprocess_data_output_is_read(tmp_path):
     raw = generate_mod.generate_episode(0, 1, 6, "one_leg")
     path = tmp_path / "2026-01-01-00:00:00.pkl"
@@ -143,6 +147,7 @@ def test_preprocess_data_output_is_read(tmp_path):
     assert ep.robot_state["concat14"].shape == (6, 14) and any("preprocess_data.py" in n for n in ep.notes)
 
 
+@pytest.mark.fast
 def test_preprocess_data_output_with_bad_shape_is_named(tmp_path):
     bad = _preprocessed(generate_mod.generate_episode(0, 1, 6, "one_leg"))
     bad["observations"][1]["robot_state"] = np.zeros(13)
@@ -153,6 +158,7 @@ def test_preprocess_data_output_with_bad_shape_is_named(tmp_path):
         read_episode(tmp_path / "x.pkl")
 
 
+@pytest.mark.fast
 def test_missing_camera3_is_named(dataset):
     with pytest.raises(DatasetError, match=r"observations\[0\]\.color_image3: missing.*only; color_image3"):
         read_episode(collector_files(dataset)[0], cameras=("color_image3",))
@@ -166,6 +172,7 @@ def _write_broken(tmp_path, mutate, name="7.pkl"):
     return path
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("mutate", "key", "problem"),
     [
@@ -201,6 +208,7 @@ def test_bad_data_names_file_and_key(tmp_path, mutate, key, problem):
     assert str(path) in message and f": {key}: " in message and problem in message
 
 
+@pytest.mark.fast
 def test_not_a_pickle(tmp_path):
     path = tmp_path / "0.pkl"
     path.write_bytes(b"not a pickle")
@@ -208,6 +216,7 @@ def test_not_a_pickle(tmp_path):
         read_episode(path)
 
 
+@pytest.mark.fast
 def test_failed_episodes_skipped_by_default_and_kept_when_asked(dataset):
     stream = build_stream(small_cfg(dataset), 0, 1)
     s = stream.data_summary
@@ -220,6 +229,7 @@ def test_failed_episodes_skipped_by_default_and_kept_when_asked(dataset):
     assert kept is not None and kept.used == EPISODES and any("observation-failure" in n for n in kept.notes)
 
 
+@pytest.mark.fast
 def test_cache_is_used_and_stale_cache_refused(tmp_path, monkeypatch):
     root = tmp_path / "ds"
     cfg = small_cfg(root, **{"data.generated_episodes": 3})
@@ -263,6 +273,7 @@ def test_cache_is_used_and_stale_cache_refused(tmp_path, monkeypatch):
         ensure_cache(cfg, 0, 1)
 
 
+@pytest.mark.fast
 def test_prepare_resumes_after_a_kill(tmp_path, monkeypatch):
     root = tmp_path / "ds"
     cfg = small_cfg(root, **{"data.generated_episodes": 4, "data.include_failed": "true"})
@@ -284,6 +295,7 @@ def test_prepare_resumes_after_a_kill(tmp_path, monkeypatch):
     assert (done.encoded, done.kept) == (2, 2) and (done.directory / "manifest.json").is_file()
 
 
+@pytest.mark.fast
 def test_out_of_space_keeps_errno_and_names_the_path(tmp_path, monkeypatch):
     cfg = small_cfg(tmp_path / "ds", **{"data.generated_episodes": 1})
     ensure_dataset(cfg)
@@ -298,6 +310,7 @@ def test_out_of_space_keeps_errno_and_names_the_path(tmp_path, monkeypatch):
     assert info.value.report.what == "latent cache" and (info.value.report.needed or 0) > 0
 
 
+@pytest.mark.fast
 def test_cameras_are_encoded_separately_and_put_side_by_side(dataset):
     one = build_stream(small_cfg(dataset), 0, 1)
     two = build_stream(small_cfg(dataset, **{"data.cameras": "color_image2,color_image1"}), 0, 1)
@@ -311,11 +324,13 @@ def test_cameras_are_encoded_separately_and_put_side_by_side(dataset):
     assert corr > 0.9  # same layout (normalised over all episodes, so not bitwise)
 
 
+@pytest.mark.fast
 def test_bad_cameras_refused(dataset):
     with pytest.raises(DatasetError, match="data.cameras"):
         build_stream(small_cfg(dataset, **{"data.cameras": "color_image2,color_image2"}), 0, 1)
 
 
+@pytest.mark.fast
 def test_clip_actions_lead_into_their_latent_frame(dataset):
     cfg = small_cfg(dataset, **{"data.include_failed": "true"})
     stream = build_stream(cfg, 0, 1)
@@ -394,6 +409,7 @@ def released(tmp_path_factory):
     return root, vae, tokenizer, t5
 
 
+@pytest.mark.fast
 def test_wan_vae_encoder_loads_the_folder_and_matches_diffusers(released, dataset):
     root, vae, _, _ = released
     enc = WanVAEEncoder(str(root), latent_side=2, device=torch.device("cpu"))  # the model root: vae/ found
@@ -414,6 +430,7 @@ def test_wan_vae_encoder_loads_the_folder_and_matches_diffusers(released, datase
     np.testing.assert_allclose(out, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.fast
 def test_t5_text_encoder_matches_transformers(released):
     root, _, tokenizer, t5 = released
     enc = T5Text(str(root), "", length=32, device=torch.device("cpu"))
@@ -428,6 +445,7 @@ def test_t5_text_encoder_matches_transformers(released):
     assert empty_mask.sum() == 1 and not np.allclose(empty[0], emb[0])
 
 
+@pytest.mark.fast
 def test_stand_in_text_is_deterministic():
     a, ma = StandInText(8, 10).embed("put the leg in")
     b, _ = StandInText(8, 10).embed("put the  leg in")
@@ -436,6 +454,7 @@ def test_stand_in_text_is_deterministic():
     assert ma.sum() == 5 and not a[5:].any() and not np.array_equal(a[0], c[0])
 
 
+@pytest.mark.fast
 def test_wan_vae_prepare_writes_real_latents(released, tmp_path):
     root, *_ = released
     cfg = small_cfg(
@@ -472,6 +491,7 @@ def test_wan_vae_prepare_writes_real_latents(released, tmp_path):
     assert done.frames_per_s > 0
 
 
+@pytest.mark.fast
 def test_killed_generation_is_never_a_dataset(tmp_path, monkeypatch):
     root = tmp_path / "furniture_train"
     calls: list = []
@@ -492,11 +512,13 @@ def test_killed_generation_is_never_a_dataset(tmp_path, monkeypatch):
     assert not list(tmp_path.glob(".furniture_train.tmp-*"))  # the leftover was cleaned up
 
 
+@pytest.mark.fast
 def test_missing_dataset_without_generation(tmp_path):
     with pytest.raises(DatasetError, match="generate_if_missing is off.*python -m trainer.data.generate"):
         ensure_dataset(small_cfg(tmp_path / "absent", **{"data.generate_if_missing": False}))
 
 
+@pytest.mark.heavy
 def test_generate_cli(tmp_path):
     out = tmp_path / "cli"
     args = [sys.executable, "-m", "trainer.data.generate", str(out), "--episodes", "2", "--length", "5"]
@@ -507,6 +529,7 @@ def test_generate_cli(tmp_path):
     assert again.returncode == 2 and "exists and is not empty" in again.stderr
 
 
+@pytest.mark.fast
 def test_quantile_normalizer():
     rng = np.random.default_rng(0)
     acts = np.stack([rng.uniform(-2, 6, 1000), np.full(1000, 0.5)], axis=1)
@@ -518,6 +541,7 @@ def test_quantile_normalizer():
     assert (out[:, 1] == 0).all()  # constant channel
 
 
+@pytest.mark.fast
 def test_micro_batch_is_deterministic_and_stateless(dataset):
     cfg = small_cfg(dataset, **{"train.batch_size": 2})
     a0, b0, a1 = build_stream(cfg, 0, 2), build_stream(cfg, 0, 2), build_stream(cfg, 1, 2)
@@ -534,6 +558,7 @@ def test_micro_batch_is_deterministic_and_stateless(dataset):
     assert x["actions"].abs().max() <= 1.5
 
 
+@pytest.mark.fast
 def test_ranks_and_epochs_partition_clips(dataset):
     cfg = small_cfg(dataset)
     streams = [build_stream(cfg, r, 2) for r in range(2)]
@@ -548,6 +573,7 @@ def test_ranks_and_epochs_partition_clips(dataset):
     assert seen[n : 2 * n] != seen[:n]  # the next epoch is reshuffled
 
 
+@pytest.mark.heavy
 def test_prepare_under_torchrun(tmp_path):
     root = tmp_path / "ds"
     generate_mod.generate_dataset(root / "x", 3, 12, "one_leg", seed=1)

@@ -14,21 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.diskfull import (
-    STEPS,
-    Tmpfs,
-    assert_said_once,
-    clean_env,
-    finish,
-    launch,
-    launcher_lines,
-    one_checkpoint,
-    summary,
-    wait_for,
-)
+from tests.support.diskfull import Tmpfs, assert_said_once, launch, launcher_lines, one_checkpoint
+from tests.support.runs import STEPS, clean_env, finish, release, seed_preflight, summary, wait_for
 from trainer.checkpoint_layout import damage, scan
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 
 @pytest.fixture
@@ -57,10 +47,13 @@ def base_env(tmp_path_factory) -> dict[str, str]:
     return clean_env(tmp_path_factory.mktemp("no-envs"))
 
 
-def test_preflight_refuses_a_run_dir_that_cannot_hold_keep_plus_one(tmp_path, tmpfs, data_dir, base_env):
+def test_preflight_refuses_a_run_dir_that_cannot_hold_keep_plus_one(
+    tmp_path, tmpfs, data_dir, base_env, preflight_record
+):
     one = one_checkpoint()
     fs = tmpfs(int(one * 2.5))  # keep 2 + 1 = 3 checkpoints do not fit
     run_dir = fs.path / "run"
+    seed_preflight(run_dir, preflight_record)
     rc, out, err = finish(launch(run_dir, data_dir, base_env))
     assert rc == 3, err
     (line,) = launcher_lines(err, "cannot hold checkpoint.keep + 1 = 3 checkpoints")
@@ -69,10 +62,13 @@ def test_preflight_refuses_a_run_dir_that_cannot_hold_keep_plus_one(tmp_path, tm
     assert "Traceback" not in err
 
 
-def test_out_of_space_during_a_save_is_one_line_and_a_rerun_resumes(tmp_path, tmpfs, data_dir, base_env):
+def test_out_of_space_during_a_save_is_one_line_and_a_rerun_resumes(
+    tmp_path, tmpfs, data_dir, base_env, preflight_record
+):
     one = one_checkpoint()
     fs = tmpfs(int(one * 1.6))  # one checkpoint fits, the second save runs out of space
     run_dir = fs.path / "run"
+    seed_preflight(run_dir, preflight_record)
     rc, out, err = finish(launch(run_dir, data_dir, base_env, "checkpoint.skip_space_check=true"))
     assert rc == 1, err
     assert launcher_lines(err, "WARNING:") and launcher_lines(err, "skip_space_check=true: running anyway")
@@ -92,17 +88,20 @@ def test_out_of_space_during_a_save_is_one_line_and_a_rerun_resumes(tmp_path, tm
     assert (s["status"], s["resumed_from"], s["last_step"]) == ("completed", 2, STEPS)
 
 
-def test_out_of_space_writing_the_final_summary_never_claims_success(tmp_path, tmpfs, data_dir, base_env):
+def test_out_of_space_writing_the_final_summary_never_claims_success(
+    tmp_path, tmpfs, data_dir, base_env, preflight_record
+):
     one = one_checkpoint()
     fs = tmpfs(one * 8)
     run_dir = fs.path / "run"
+    seed_preflight(run_dir, preflight_record)
     pause = tmp_path / "pause"
     pause.mkdir()
     extra = {"LINGBOT_TEST_PAUSE_AT": f"summary:{STEPS}", "LINGBOT_TEST_PAUSE_DIR": str(pause)}
     proc = launch(run_dir, data_dir, base_env, extra_env=extra)
-    wait_for(pause / "reached", proc)
+    wait_for(pause, "reached", proc)
     filler = fs.fill()  # the disk fills up while rank 0 is about to write summary.json
-    (pause / "release").touch()
+    release(pause)
     rc, out, err = finish(proc)
     assert rc == 1, err
     line = assert_said_once(err, fs)
@@ -117,11 +116,12 @@ def test_out_of_space_writing_the_final_summary_never_claims_success(tmp_path, t
     assert summary(run_dir)["status"] == "completed"
 
 
-def test_out_of_space_in_the_latent_cache(tmp_path, tmpfs, base_env):
+def test_out_of_space_in_the_latent_cache(tmp_path, tmpfs, base_env, preflight_record):
     fs = tmpfs(64 << 20, "data")  # the collector-format episodes (two 224 px views) fit, then it is filled
     data = fs.path / "furniture"
     run_fs = tmpfs(one_checkpoint() * 8, "runfs")
     run_dir = run_fs.path / "run"
+    seed_preflight(run_dir, preflight_record)
     # generate the episodes without a cache beside them (latent_cache=false: a private temporary one)
     rc, out, err = finish(launch(run_dir, data, base_env, "train.steps=1", "data.latent_cache=false"))
     assert rc == 0, err

@@ -118,6 +118,7 @@ def inside(path: str, prefix: Path) -> bool:
 # --- host only, no env needed ---------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_missing_env_fails_with_the_provision_fix(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--prefix", str(tmp_path / "lingbot-gone"), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -130,6 +131,7 @@ def test_missing_env_fails_with_the_provision_fix(tmp_path):
     assert "envcheck: FAILED env.prefix" in proc.stderr.splitlines()[-1]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("flags", [["--json"], ["--json", "-"]])
 def test_one_json_convention_stdout_is_one_object(tmp_path, flags):
     """--json on bin/envcheck and bin/provision alike: stdout is exactly one JSON object, text on stderr,
@@ -158,6 +160,7 @@ def test_one_json_convention_stdout_is_one_object(tmp_path, flags):
     assert prov.returncode == 2 and prov.stdout == "" and json.loads(prov_file.read_text())["exit_code"] == 2
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "command", [ENVCHECK, [sys.executable, "-m", "provision.cli"]], ids=["envcheck", "provision"]
 )
@@ -173,12 +176,14 @@ def test_a_bad_command_line_is_json_too(tmp_path, command, bad):
     assert "rror" in proc.stderr  # the text goes to stderr as without --json
 
 
+@pytest.mark.fast
 def test_env_and_prefix_together_is_a_usage_error(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "not both" in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.fast
 def test_scrubbed_environment_drops_the_login_shell():
     login = {
         "PATH": "/opt/gcc/bin:/usr/bin",
@@ -198,6 +203,7 @@ def test_scrubbed_environment_drops_the_login_shell():
     }
 
 
+@pytest.mark.fast
 def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
     """Whatever cache dirs the job's environment names, a probe sees fresh empty ones (and a private
     TMPDIR, where Inductor keeps precompiled headers), gone after it ran."""
@@ -223,6 +229,7 @@ def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
 # --- host with its system gcc: a login node ---------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_login_node_gcc_does_not_fool_worker_mode(envs, tmp_path):
     """The host has gcc and g++ in /usr/bin; the env has none. --worker must still FAIL, saying so.
     The same run reads a mount table (--mountinfo) that puts HOME, and so TRITON_CACHE_DIR, on NFS."""
@@ -268,6 +275,7 @@ def _rows(*names: str) -> tuple:
     return tuple(spec for spec in TABLE if spec.name in names)
 
 
+@pytest.mark.heavy
 def test_login_node_gxx_does_not_fool_cpp_extension(envs, tmp_path):
     """compile.cpp_extension under --worker on a login node: CXX=/usr/bin/g++ and /usr/bin/ninja exist
     here, the env has neither; the check FAILs naming the system compiler instead of passing."""
@@ -289,6 +297,7 @@ def test_login_node_gxx_does_not_fool_cpp_extension(envs, tmp_path):
     assert inside(cpp.details["compiler_path"], envs.tool) and inside(cpp.details["ninja_path"], envs.tool)
 
 
+@pytest.mark.heavy
 def test_a_skipped_check_names_the_prerequisite_that_failed(tmp_path):
     prefix = tmp_path / "not-provisioned"
     prefix.mkdir()
@@ -310,6 +319,7 @@ def test_a_skipped_check_names_the_prerequisite_that_failed(tmp_path):
 # --- inside the worker simulation ---------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worker_env, tmp_path):
     out = tmp_path / "report.json"
@@ -353,6 +363,7 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
     assert "envcheck: compile.inductor_cpp: FAIL in" in proc.stderr  # progress goes to stderr
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 @pytest.mark.slow
 def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tmp_path):
@@ -394,6 +405,7 @@ def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tm
     assert proc.stdout.strip().splitlines()[-1].startswith("envcheck: OK: lingbot-test-tool")
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_path):
     """Activated the way conda does it (CONDA_PREFIX, PATH, every activate.d script sourced), over a
@@ -432,6 +444,7 @@ print("loaded")
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 def test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass(worker, envs, worker_env, tmp_path):
     home = tmp_path / "home"

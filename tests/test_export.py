@@ -23,6 +23,8 @@ from tests.support.channel import index_channel
 from tests.support.python_pkg import PY_MAJOR_MINOR, python_packages
 from tests.support.wheels import write_simple_index, write_wheel
 
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -32,6 +32,8 @@ from trainer.config import RunConfig
 from trainer.model import WorldModel, load_full
 from trainer.model.weights import fields_from_config_json
 
+pytestmark = pytest.mark.fast
+
 RTOL = ATOL = 1e-4
 
 

@@ -14,6 +14,8 @@ import pytest
 from provision import hooks
 from provision.envvars import EnvVar, EnvVarsError, job_environment, load_env_vars, parse_env_vars
 
+pytestmark = pytest.mark.fast
+
 ENTRIES = [
     EnvVar("set", "CC", "${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-cc"),
     EnvVar("set", "CXX", "${CONDA_PREFIX}/bin/x86_64-conda-linux-gnu-c++"),

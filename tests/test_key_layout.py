@@ -8,11 +8,14 @@ block's tensors (all 30 blocks are identical), the tensor and parameter counts, 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer.config import RunConfig
 from trainer.model import WorldModel
 from trainer.model.weights import IGNORED_UNEXPECTED, fields_from_config_json
+
+pytestmark = pytest.mark.fast
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "released_layout.json").read_text())
 

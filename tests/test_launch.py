@@ -34,6 +34,8 @@ from trainer.launcher.supervise import requeue
 from trainer.launcher.verdict import torchrun_error_files
 from trainer.launcher.verdict import verdict as attempt_verdict
 
+pytestmark = pytest.mark.fast
+
 TINY = ["--set", "train.steps=4"]
 
 

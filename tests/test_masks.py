@@ -1,5 +1,6 @@
 """The LingBot-VA mask on small layouts checked by hand (token order: see trainer/masks.py)."""
 
+import pytest
 import torch
 
 from trainer.masks import (
@@ -12,6 +13,8 @@ from trainer.masks import (
     mask_density,
     token_layout,
 )
+
+pytestmark = pytest.mark.fast
 
 # one sample, 2 frames, 1 video token and 1 action token per frame, 1 frame per chunk:
 #   0 noisy v0 (block 0)  1 noisy v1 (2)  2 clean v0 (0)  3 clean v1 (2)

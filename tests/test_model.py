@@ -12,6 +12,8 @@ from trainer.masks import SequenceShape, mask_density
 from trainer.model import WorldModel
 from trainer.parallel import apply_activation_checkpointing
 
+pytestmark = pytest.mark.fast
+
 # The reference never calls the action condition embedder's text projection (it exists in the released
 # weights because condition_embedder_action is a deepcopy of condition_embedder): no gradient reaches it.
 UNUSED = ("condition_embedder_action.text_embedder.",)

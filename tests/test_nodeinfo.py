@@ -27,6 +27,7 @@ def write_table(path: Path, mounts: list[tuple[str, str, str]]) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_longest_mount_point_wins_and_later_mounts_stack(tmp_path):
     (tmp_path / "home" / "alice" / ".triton").mkdir(parents=True)
     table = write_table(tmp_path / "mountinfo", [
@@ -41,6 +42,7 @@ def test_longest_mount_point_wins_and_later_mounts_stack(tmp_path):
     assert nodeinfo.filesystem_type(tmp_path / "home" / "alice" / "not" / "yet", table) == "lustre"
 
 
+@pytest.mark.fast
 def test_escaped_mount_points_and_symlinks(tmp_path):
     spaced = tmp_path / "with space"
     spaced.mkdir()
@@ -53,6 +55,7 @@ def test_escaped_mount_points_and_symlinks(tmp_path):
     assert nodeinfo.filesystem_type(link / "cache", table) == "cifs"  # the link's target decides
 
 
+@pytest.mark.fast
 def test_malformed_table_names_the_file_and_line(tmp_path):
     table = tmp_path / "mountinfo"
     table.write_text(mountinfo_line(1, "/", "ext4", "/dev/vda") + "\nnot a mount line\n")
@@ -60,6 +63,7 @@ def test_malformed_table_names_the_file_and_line(tmp_path):
         nodeinfo.read_mounts(table)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "fstype, network",
     [("nfs", True), ("nfs4", True), ("lustre", True), ("gpfs", True), ("beegfs", True), ("cifs", True),
@@ -70,6 +74,7 @@ def test_network_filesystem_types(fstype, network):
     assert nodeinfo.is_network_fs(fstype) is network
 
 
+@pytest.mark.heavy
 def test_real_tmpfs_and_bind_mount_reported_as_network_are_flagged(tmp_path):
     """A real tmpfs and a bind mount of it, made in a private mount namespace; their table is then edited
     to say nfs4 / lustre, as a cluster's home and scratch would show, and the verdict follows the table."""
@@ -113,6 +118,7 @@ def test_real_tmpfs_and_bind_mount_reported_as_network_are_flagged(tmp_path):
     assert cache_filesystem_verdict("cache", str(tmp_path), table)[0] == PASS  # its parent stays local
 
 
+@pytest.mark.fast
 def test_glibc_versions(tmp_path):
     node = nodeinfo.node_glibc()
     assert node is not None and nodeinfo.parse_version(node) >= (2, 17)
@@ -124,6 +130,7 @@ def test_glibc_versions(tmp_path):
     assert nodeinfo.parse_version("2.35") > nodeinfo.parse_version("2.17")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "text, kind",
     [("NVIDIA B200", "b200"), ("NVIDIA H200 NVL", "h200"), ("lingbot-b200", "b200"),

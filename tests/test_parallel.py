@@ -77,6 +77,7 @@ def _rank_main(rank, init_file, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_grad_sync_last_equals_every_and_unsharded(tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -111,6 +112,7 @@ def test_grad_sync_last_equals_every_and_unsharded(tmp_path):
     assert every[0][-1] < every[0][0]  # and it trained
 
 
+@pytest.mark.fast
 def test_mixed_precision_policy_per_device():
     cfg = RunConfig()
     assert mixed_precision_policy(cfg, torch.device("cpu")).param_dtype == torch.float32
@@ -120,6 +122,7 @@ def test_mixed_precision_policy_per_device():
     assert mixed_precision_policy(cfg, torch.device("cpu")).param_dtype == torch.bfloat16
 
 
+@pytest.mark.fast
 def test_shard_model_needs_a_process_group():
     if dist.is_initialized():
         pytest.skip("a process group exists in this test process")

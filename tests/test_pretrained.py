@@ -37,6 +37,7 @@ def released(tmp_path):
     return cfg, model, folder
 
 
+@pytest.mark.fast
 def test_export_writes_the_released_layout(released):
     cfg, model, folder = released
     assert sorted(p.name for p in folder.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
@@ -49,6 +50,7 @@ def test_export_writes_the_released_layout(released):
     assert "blocks.1.ffn.net.0.proj.weight" in tensors and "blocks.0.attn2.norm_k.weight" in tensors
 
 
+@pytest.mark.fast
 def test_bf16_export_is_what_the_reference_trainer_saves(tmp_path):
     cfg = tiny_cfg()
     model = _model(cfg)
@@ -59,6 +61,7 @@ def test_bf16_export_is_what_the_reference_trainer_saves(tmp_path):
     torch.testing.assert_close(tensors["proj_out.weight"], model.proj_out.weight.detach().bfloat16())
 
 
+@pytest.mark.fast
 def test_strict_load_round_trips_and_dims_come_from_config_json(released):
     _, model, folder = released
     cfg = tiny_cfg()
@@ -76,6 +79,7 @@ def test_strict_load_round_trips_and_dims_come_from_config_json(released):
         assert torch.equal(model(batch)["loss"], fresh(batch)["loss"])
 
 
+@pytest.mark.fast
 def test_a_conflicting_model_setting_is_an_error(released):
     _, _, folder = released
     cfg = tiny_cfg(**{"model.depth": 3, "model.pretrained": str(folder)})
@@ -89,6 +93,7 @@ def _rewrite(folder, change):
     save_file(tensors, folder / WEIGHTS_NAME)
 
 
+@pytest.mark.fast
 def test_missing_unexpected_and_misshaped_tensors_are_named(released):
     cfg, _, folder = released
     _rewrite(folder, lambda t: t.pop("blocks.1.attn2.to_v.bias"))
@@ -105,12 +110,14 @@ def test_missing_unexpected_and_misshaped_tensors_are_named(released):
         load_full(_model(cfg), folder)
 
 
+@pytest.mark.fast
 def test_only_the_keys_the_reference_ignores_are_ignored(released):
     cfg, _, folder = released
     _rewrite(folder, lambda t: t.update({"blocks.0.attn2.norm_added_q.weight": torch.ones(48)}))
     assert load_full(_model(cfg), folder) == ["blocks.0.attn2.norm_added_q.weight"]
 
 
+@pytest.mark.fast
 def test_an_index_sharded_folder_loads(released):
     cfg, model, folder = released
     tensors = load_file(folder / WEIGHTS_NAME)
@@ -127,6 +134,7 @@ def test_an_index_sharded_folder_loads(released):
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
 
 
+@pytest.mark.fast
 def test_bad_locations_say_what_to_do(tmp_path):
     with pytest.raises(PretrainedError, match=r"no such directory \(.*absent\); download robbyant"):
         resolve_transformer_dir(tmp_path / "absent")
@@ -165,6 +173,7 @@ def _rank_main(rank, init_file, folder, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_sharded_loading_under_fsdp2_matches_the_files_and_exports_back(released, tmp_path):
     cfg, model, folder = released
@@ -197,6 +206,7 @@ print("loaded", type(model).__name__, model.config.num_layers, len(state))
 """
 
 
+@pytest.mark.fast
 def test_the_reference_from_pretrained_loads_our_export(tmp_path):
     """Run the upstream WanTransformer3DModel.from_pretrained (installed outside the tree) on our export."""
     import subprocess

@@ -101,6 +101,7 @@ def assert_intact(env: Path) -> dict:
     return manifest
 
 
+@pytest.mark.heavy
 def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     env = tmp_path / "envs" / "small-env"
@@ -124,6 +125,7 @@ def test_provision_installs_the_lock_and_a_rerun_is_a_noop(tmp_path, small_chann
     )
 
 
+@pytest.mark.heavy
 def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     mirror = tmp_path / "mirror"
@@ -139,6 +141,7 @@ def test_tampered_package_is_refused_naming_the_file(tmp_path, small_channel):
     assert "md5" in result.stderr and "sha256" in result.stderr
 
 
+@pytest.mark.heavy
 def test_existing_directory_not_made_by_provision_is_refused(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
     foreign = tmp_path / "envs" / "small-env"
@@ -148,6 +151,7 @@ def test_existing_directory_not_made_by_provision_is_refused(tmp_path, small_cha
     assert (foreign / "conda-meta").is_dir()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_kill_9_at_random_points_never_yields_a_complete_looking_broken_env(tmp_path, small_channel):
     spec = make_project(tmp_path, small_channel)
@@ -234,6 +238,7 @@ print("COMPILED-OK")
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.worker
 def test_toolchain_env_compiles_in_the_worker_activated_and_not(

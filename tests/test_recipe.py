@@ -7,6 +7,8 @@ from tests.support.lingbot_tiny import clean_batch, empty_text, tiny_cfg
 from trainer.batch import DRAW_KEYS, check_micro_batch
 from trainer.recipe import check_recipe, draw_micro_batch, loss_weights, sigma_table, weight_table
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def cfg():

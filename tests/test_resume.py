@@ -11,24 +11,28 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-STEPS = 6
-TINY = [
-    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
-    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
-    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
-    "checkpoint.every=2", "checkpoint.keep=2", "log.tensorboard=true",
-]  # fmt: skip
-TIMEOUT = 240
+from tests.support.runs import (
+    STEPS,
+    clean_env,
+    complete_steps,
+    losses_by_step,
+    pause_env,
+    release,
+    seed_preflight,
+    summary,
+    tiny,
+    wait_for,
+)
+from tests.support.runs import finish as finish3
+from tests.support.runs import launch as launch_any
 
-pytestmark = pytest.mark.slow
+TINY = tiny(keep=2, tensorboard=True)
+
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -38,83 +42,25 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_env(tmp_path_factory) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env["CONDA_ENVS_PATH"] = str(tmp_path_factory.mktemp("no-envs"))  # no provisioned env: the tool env
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return clean_env(tmp_path_factory.mktemp("no-envs"))  # no provisioned env: the tool env
 
 
-def launch(run_dir: Path, data_dir: Path, env: dict[str, str], *, extra_env=None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
-    for item in [*TINY, f"data.path={data_dir}"]:
-        argv += ["--set", item]
-    return subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env={**env, **(extra_env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def launch(run_dir: Path, data_dir: Path, env: dict[str, str], *, extra_env=None):
+    return launch_any(run_dir, data_dir, env, overrides=TINY, extra_env=extra_env)
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=TIMEOUT)
-    return proc.returncode, out
-
-
-def wait_for(root: Path, pattern: str, proc: subprocess.Popen, ignore: frozenset = frozenset()) -> Path:
-    """The first file under `root` matching `pattern` (not in `ignore`), waiting while the launcher runs
-    (with a deadline)."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        found = sorted(set(root.glob(pattern)) - ignore)
-        if found:
-            return found[0]
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"launcher exited {proc.returncode} before {root}/{pattern}:\n{proc.stdout.read()}"
-            )
-        time.sleep(0.02)  # polling for an event, with a deadline: not a sleep standing in for one
-    proc.kill()
-    raise AssertionError(f"timed out waiting for {root}/{pattern}")
-
-
-def pause_env(pause_dir: Path, point: str, rank: int = 0) -> dict[str, str]:
-    pause_dir.mkdir(parents=True, exist_ok=True)
-    return {
-        "LINGBOT_TEST_PAUSE_AT": point,
-        "LINGBOT_TEST_PAUSE_RANK": str(rank),
-        "LINGBOT_TEST_PAUSE_DIR": str(pause_dir),
-    }
-
-
-def losses_by_step(run_dir: Path) -> dict[int, tuple[float, float]]:
-    """Per step, the (latent, action) losses of the last attempt that ran it."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        out[record["step"]] = (record["latent_loss"], record["action_loss"])
-    return out
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    root = run_dir / "checkpoints"
-    return sorted(
-        int(p.name.split("_")[-1]) for p in root.glob("checkpoint_step_*") if (p / "COMPLETE").exists()
-    )
+def finish(proc) -> tuple[int, str]:
+    rc, out, _ = finish3(proc)
+    return rc, out
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_dir, base_env) -> tuple[Path, dict]:
+def reference(tmp_path_factory, data_dir, base_env, preflight_record) -> tuple[Path, dict]:
     """An uninterrupted run from an empty checkpoint dir, with rank 1 aborting after
     destroy_process_group (the teardown hiccup): it must still count as completed."""
     run_dir = tmp_path_factory.mktemp("reference")
     (run_dir / "checkpoints").mkdir()
+    seed_preflight(run_dir, preflight_record)
     rc, out = finish(launch(run_dir, data_dir, base_env, extra_env={"LINGBOT_TEST_ABORT_AFTER_DESTROY": "1"}))
     assert rc == 0, out
     assert "fresh start: checkpoint directory" in out and "is empty" in out, out
@@ -145,10 +91,11 @@ def test_uninterrupted_run_survives_teardown_abort_and_rerun_is_a_no_op(referenc
 
 
 def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
-    reference, tmp_path, data_dir, base_env
+    reference, tmp_path, data_dir, base_env, preflight_record
 ):
     _, expected = reference
     run_dir = tmp_path / "run"
+    seed_preflight(run_dir, preflight_record)
     # Only partial checkpoints: a killed save's tmp dir and a final-named dir without COMPLETE.
     (run_dir / "checkpoints" / "checkpoint_step_4.tmp-dead").mkdir(parents=True)
     (run_dir / "checkpoints" / "checkpoint_step_2").mkdir()
@@ -160,7 +107,7 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
     wait_for(pause, "reached", proc)
     proc.send_signal(signal.SIGTERM)
     wait_for(run_dir, "attempts/*/stop", proc)
-    (pause / "release").touch()
+    release(pause)
     rc, out = finish(proc)
     assert rc == 75, out
     assert "fresh start: only partial checkpoints" in out, out
@@ -179,7 +126,7 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
     proc.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@120, as forwarded by the batch script
     wait_for(run_dir, "attempts/*/stop", proc, ignore=earlier_stops)
     proc.send_signal(signal.SIGTERM)  # a second signal during the save changes nothing
-    (pause / "release").touch()
+    release(pause)
     rc, out = finish(proc)
     assert rc == 75, out
     assert "resuming from" in out and "checkpoint_step_3" in out
@@ -196,10 +143,11 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
 
 
 def test_kill9_of_one_rank_mid_checkpoint_fails_naming_it_and_keeps_the_previous_checkpoint(
-    reference, tmp_path, data_dir, base_env
+    reference, tmp_path, data_dir, base_env, preflight_record
 ):
     _, expected = reference
     run_dir = tmp_path / "run"
+    seed_preflight(run_dir, preflight_record)
     pause = tmp_path / "pause"
     proc = launch(run_dir, data_dir, base_env, extra_env=pause_env(pause, "checkpoint:4", rank=1))
     reached = json.loads(wait_for(pause, "reached", proc).read_text())

@@ -29,23 +29,31 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support import runs
+from tests.support.runs import (
+    REPO,
+    STEPS,
+    clean_env,
+    losses_by_step,
+    pause_env,
+    seed_preflight,
+    set_args,
+    tiny,
+)
 from tests.support.slurm import PAIR_PARTITION, SlurmCluster, SlurmUnavailable
 
-REPO = Path(__file__).resolve().parents[1]
-STEPS = 6
-TINY = [
-    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
-    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
-    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
-    "checkpoint.every=2", "checkpoint.keep=3",
-]  # fmt: skip
+TINY = tiny(keep=3, tensorboard=None)
 NPROC = 2
 SLOW_SAVE_S = 80  # longer than KILL_WAIT_S + 20 s: under TERM, Slurm's SIGKILL comes first
 TIME_LIMIT_MIN = 30  # the time-limit scenarios' --time; the driver shortens it once rank 0 is parked
 JOB_TIMEOUT = 900
+# Scenarios whose run dir starts without the session's recorded compile-check pass (tests/support/runs.py):
+# their first preflight compiles for real, under Slurm; every other scenario reuses the pass, as a requeue
+# onto this node does.
+UNSEEDED = {"complete"}
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 
 # --- the cluster and the scripts -------------------------------------------------------------------
@@ -87,27 +95,18 @@ class Scenario:
         return self.root / "pause"
 
     def pause(self, point: str, rank: int = 0) -> None:
-        self.pause_dir.mkdir(parents=True, exist_ok=True)
-        self.env.update(
-            LINGBOT_TEST_PAUSE_AT=point,
-            LINGBOT_TEST_PAUSE_RANK=str(rank),
-            LINGBOT_TEST_PAUSE_DIR=str(self.pause_dir),
-        )
+        self.env.update(pause_env(self.pause_dir, point, rank))
 
 
 def job_env(scenario: Scenario, no_envs: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env["CONDA_ENVS_PATH"] = str(no_envs)  # no provisioned env: bin/train uses the tool env, loudly
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(scenario.env)
-    return env
+    """clean_env (no provisioned env: bin/train uses the tool env, loudly) plus the scenario's variables."""
+    return {**clean_env(no_envs), **scenario.env}
 
 
 def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
     argv = [str(REPO / "bin" / "train"), "furniture_train", str(scenario.nproc), "--cpu-scale"]
     argv += ["--run-dir", str(scenario.run_dir), "--cpus-per-task", "2"]
-    for item in [*TINY, f"data.path={scenario.data_dir}"]:
-        argv += ["--set", item]
+    argv += set_args([*TINY, f"data.path={scenario.data_dir}"])
     argv += [*scenario.extra_cli, "--sbatch", str(scenario.script)]
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{argv}: {done.stderr}"
@@ -143,10 +142,7 @@ def wait_final(cluster: SlurmCluster, sc: Scenario, restarts_at_least: int = 0) 
 
 
 def reached(sc: Scenario) -> dict | None:
-    try:
-        return json.loads((sc.pause_dir / "reached").read_text())
-    except (OSError, ValueError):
-        return None
+    return runs.reached(sc.pause_dir)
 
 
 def reached_pid(sc: Scenario) -> int:
@@ -160,7 +156,7 @@ def stop_files(sc: Scenario) -> list[Path]:
 
 
 def release(sc: Scenario) -> None:
-    (sc.pause_dir / "release").touch()
+    runs.release(sc.pause_dir)
 
 
 def slurm_log(sc: Scenario) -> str:
@@ -179,16 +175,7 @@ def slurm_output(sc: Scenario) -> str:
 
 
 def summary(sc: Scenario) -> dict:
-    return json.loads((sc.run_dir / "summary.json").read_text())
-
-
-def losses_by_step(run_dir: Path) -> dict[int, tuple[float, float]]:
-    """Per step, the (latent, action) losses of the last attempt that ran it."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        out[record["step"]] = (record["latent_loss"], record["action_loss"])
-    return out
+    return runs.summary(sc.run_dir)
 
 
 def alive(pid: int) -> bool:
@@ -383,7 +370,7 @@ class Outcome:
 
 
 @pytest.fixture(scope="module")
-def outcomes(slurm, tmp_path_factory):
+def outcomes(slurm, tmp_path_factory, preflight_record):
     started = time.monotonic()
     root = tmp_path_factory.mktemp("scenarios")
     no_envs = root / "no-envs"
@@ -394,6 +381,8 @@ def outcomes(slurm, tmp_path_factory):
     envs = {}
     for scenario, _ in planned:  # every script first (bin/train --sbatch), then every job at once
         scenario.root.mkdir(parents=True, exist_ok=True)
+        if scenario.name not in UNSEEDED:
+            seed_preflight(scenario.run_dir, preflight_record)
         envs[scenario.name] = job_env(scenario, no_envs)
         generate_script(scenario, envs[scenario.name])
     for scenario, drive in planned:
@@ -468,6 +457,20 @@ def test_run_to_completion(outcomes, reference):
     assert sorted(reference) == list(range(1, STEPS + 1))
     log = slurm_log(sc)
     assert "no provisioned env found; running in the tool environment" in log, tail(log)
+
+
+def test_the_compile_checks_run_once_per_node_and_env(outcomes):
+    """The unseeded scenario compiled in its preflight and recorded the pass; a seeded one reused the
+    session's pass (same node, boot, env, variables, check code) instead of compiling again."""
+    for name, reused in (("complete", False), ("rank_error", True), ("usr1", True)):
+        sc, _ = outcome(outcomes, name)
+        log = slurm_log(sc)
+        said = (
+            "passed on this node" in log
+            and ": not rerun" in log.split("\n[bin/train] preflight passed", 1)[0]
+        )
+        assert said == reused, (name, tail(log))
+        assert (sc.run_dir / "preflight").is_dir(), name
 
 
 def test_a_rank_runtime_error_fails_the_job_naming_the_rank(outcomes):

@@ -58,6 +58,7 @@ def write_spec(directory: Path, channel: Path, deps=("alpha",), name="tiny-env",
 # --- the committed lock ---------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
     from conda_lock.lockfile import parse_conda_lock_file
 
@@ -91,6 +92,7 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
     assert "ninja" in pip
 
 
+@pytest.mark.fast
 def test_spec_declares_settings_and_the_project(tmp_path):
     spec = load_spec(REPO / "environment.yml")
     assert spec.name == "lingbot-b200"
@@ -107,6 +109,7 @@ def test_spec_declares_settings_and_the_project(tmp_path):
 # --- refusals -------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_editing_the_spec_makes_provision_refuse_until_relocked(tmp_path):
     shutil.copy(REPO / "environment.yml", tmp_path / "environment.yml")
     shutil.copy(REPO / "conda-lock.yml", tmp_path / "conda-lock.yml")
@@ -125,6 +128,7 @@ def test_editing_the_spec_makes_provision_refuse_until_relocked(tmp_path):
     assert not (tmp_path / "envs" / "lingbot-b200").exists()
 
 
+@pytest.mark.heavy
 def test_lock_without_the_platform_is_refused(tmp_path, tiny_channel):
     spec = write_spec(tmp_path, tiny_channel)
     assert run_cli("-f", str(spec), "--relock", "-q", tmp=tmp_path).returncode == 0
@@ -133,6 +137,7 @@ def test_lock_without_the_platform_is_refused(tmp_path, tiny_channel):
     assert "no packages for platform linux-aarch64" in result.stderr
 
 
+@pytest.mark.fast
 def test_unknown_env_name_is_refused(tmp_path, tiny_channel):
     spec = write_spec(tmp_path, tiny_channel)
     with pytest.raises(SpecError, match="not declared"):
@@ -141,6 +146,7 @@ def test_unknown_env_name_is_refused(tmp_path, tiny_channel):
     assert result.returncode == 2 and "'other-env' is not declared in" in result.stderr
 
 
+@pytest.mark.fast
 def test_malformed_yaml_names_file_and_line(tmp_path):
     bad = tmp_path / "environment.yml"
     bad.write_text("name: x\nchannels:\n  - conda-forge\ndependencies:\n  - python\n  - [oops\n")
@@ -150,6 +156,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     assert result.returncode == 2 and f"{bad}:7" in result.stderr
 
 
+@pytest.mark.fast
 def test_malformed_lock_is_refused(tmp_path, tiny_channel):
     spec = write_spec(tmp_path, tiny_channel)
     (tmp_path / "conda-lock.yml").write_text("version: 1\nmetadata: {\n")
@@ -158,6 +165,7 @@ def test_malformed_lock_is_refused(tmp_path, tiny_channel):
     assert run_cli("-f", str(spec), tmp=tmp_path).returncode == 2
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "variables, message",
     [
@@ -178,6 +186,7 @@ def test_bad_variables_are_refused_naming_the_file(tmp_path, tiny_channel, varia
 # --- locking --------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_channel):
     import rattler
     from conda_lock.lockfile import parse_conda_lock_file
@@ -202,6 +211,7 @@ def test_relock_writes_conda_lock_v1_that_both_parsers_read(tmp_path, tiny_chann
     check_lock(load_spec(spec), lock_path, "linux-64")
 
 
+@pytest.mark.fast
 def test_missing_package_in_channel_is_reported(tmp_path, tiny_channel):
     spec = write_spec(tmp_path, tiny_channel, deps=("alpha", "sysroot_linux-64 2.17.*"))
     result = run_cli("-f", str(spec), "--relock", "-q", tmp=tmp_path)

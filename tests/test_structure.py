@@ -7,18 +7,25 @@
   worker simulation);
 - no import cycles between the project's modules (imports under `if TYPE_CHECKING:` excluded: they never
   run);
-- test-only hooks (`LINGBOT_TEST_*`) are read in trainer/testhooks.py only.
+- test-only hooks (`LINGBOT_TEST_*`) are read in trainer/testhooks.py only;
+- every test is in exactly one lane, `fast` or `heavy` (tests/support/lanes.py fails the collection
+  otherwise; checked here on a throwaway test dir).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("provision", "trainer")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+
+pytestmark = pytest.mark.fast
 
 
 def modules() -> dict[str, Path]:
@@ -146,3 +153,29 @@ def test_test_hooks_live_in_one_module():
             ):
                 readers.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not readers, f"LINGBOT_TEST_* read outside trainer/testhooks.py: {readers}"
+
+
+def test_a_test_in_no_lane_or_both_fails_the_collection(tmp_path):
+    """tests/support/lanes.py's hook (tests/conftest.py imports it) on a throwaway test dir: the run fails
+    naming the test with no lane marker and the one with both, and not the one with exactly one."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    fast: quick\n    heavy: slow\n")
+    (tmp_path / "test_lanes.py").write_text(
+        "import pytest\n"
+        "def test_nowhere(): pass\n"
+        "@pytest.mark.fast\n@pytest.mark.heavy\ndef test_both(): pass\n"
+        "@pytest.mark.heavy\ndef test_one(): pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.support.lanes", "-c", str(tmp_path / "pytest.ini"),
+         "--collect-only", "-q", "-m", "fast", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, out
+    said = out.split("not in exactly one lane", 1)[-1]
+    assert "test_lanes.py::test_nowhere: no lane marker" in said, out
+    assert "test_lanes.py::test_both: both lane markers" in said, out
+    assert "test_one" not in said, out

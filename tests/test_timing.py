@@ -47,6 +47,7 @@ def _breakdown_with_fake_clock():
     return breakdown, clock
 
 
+@pytest.mark.fast
 def test_nested_phases_and_comm_do_not_double_count():
     b, clock = _breakdown_with_fake_clock()
     b.start_step()
@@ -80,6 +81,7 @@ def test_nested_phases_and_comm_do_not_double_count():
     assert b.comm_calls == {"grad_comm": 1, "param_comm": 2}
 
 
+@pytest.mark.fast
 def test_misuse_is_reported():
     b = StepBreakdown(torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown phase"):
@@ -98,6 +100,7 @@ def test_misuse_is_reported():
 # --- profiling: the opt-in window, throughput and MFU ----------------------------------------------------
 
 
+@pytest.mark.fast
 def test_profiler_window_traces_exactly_the_active_steps(tmp_path):
     from trainer.config import ProfileConfig
     from trainer.profiling import ProfilerWindow
@@ -123,6 +126,7 @@ def test_profiler_window_traces_exactly_the_active_steps(tmp_path):
     assert not (tmp_path / "off").exists()
 
 
+@pytest.mark.fast
 def test_throughput_and_mfu_on_cpu():
     from trainer.profiling import DeviceUtilisation, device_peak_flops, throughput
 
@@ -267,6 +271,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_phases_add_up_to_the_measured_step(ranks):
     for result in ranks:
@@ -289,6 +294,7 @@ def test_phases_add_up_to_the_measured_step(ranks):
         )
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_grad_comm_only_on_micro_steps_that_sync(ranks):
     for result in ranks:
@@ -300,6 +306,7 @@ def test_grad_comm_only_on_micro_steps_that_sync(ranks):
             assert record["calls"]["param_comm"] > 0 and record["param_comm_s"] > 0
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_reduce_scatter_once_per_step_with_sync_last(ranks):
     for result in ranks:

@@ -91,6 +91,7 @@ def compiler_env(worker_env: dict[str, str], prefix: Path) -> dict[str, str]:
     return dict(worker_env, CC=f"{prefix}/bin/{TARGET}-cc", CXX=f"{prefix}/bin/{TARGET}-c++")
 
 
+@pytest.mark.heavy
 def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
     for prefix in toolchain_prefixes:
         for cmd in ("cc", "c++", "gcc", "g++", "cpp", "ld", "as", "ar"):
@@ -106,6 +107,7 @@ def test_installs_conda_forge_names_and_relocates(toolchain_prefixes):
         assert str(toolchain_prefixes[0]) not in wrapper.read_text()
 
 
+@pytest.mark.heavy
 def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixes):
     prefix = toolchain_prefixes[1]
     script = (
@@ -124,6 +126,7 @@ def test_activation_scripts_set_and_restore_compiler_variables(toolchain_prefixe
     assert out[3:] == ["/old/cc", "unset"]
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(
     shutil.which("shellcheck") is None, reason="shellcheck not installed (see .ci/apt-packages.txt)"
 )
@@ -134,6 +137,7 @@ def test_shipped_shell_scripts_pass_shellcheck(toolchain_prefixes):
     assert result.returncode == 0, result.stdout
 
 
+@pytest.mark.fast
 def test_make_package_rejects_bad_input_and_leaves_nothing(tmp_path):
     with pytest.raises(ValueError, match="bad file path"):
         make_package(tmp_path, "bad", "1", {"../escape": b"x"})
@@ -144,6 +148,7 @@ def test_make_package_rejects_bad_input_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 @pytest.mark.parametrize("which", [0, 1], ids=["prefix-a", "prefix-b"])
 def test_c_extension_builds_and_imports_inside_worker(worker, worker_env, toolchain_prefixes, which):
@@ -156,6 +161,7 @@ def test_c_extension_builds_and_imports_inside_worker(worker, worker_env, toolch
     assert module_path.startswith(env["TRITON_CACHE_DIR"])
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 def test_c_and_cxx_direct_invocation_inside_worker(worker, worker_env, toolchain_prefixes, tmp_path):
     prefix = toolchain_prefixes[1]
@@ -178,6 +184,7 @@ def test_c_and_cxx_direct_invocation_inside_worker(worker, worker_env, toolchain
     assert result.stdout.split("\n")[:2] == ["sum 6", "threads 2"]
 
 
+@pytest.mark.heavy
 @pytest.mark.worker
 @pytest.mark.slow
 def test_torch_compile_openmp_inside_worker(worker, worker_env, toolchain_prefixes):

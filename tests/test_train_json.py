@@ -7,26 +7,18 @@ Every case runs bin/train itself (the bash entry point, then the launcher, then 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = [
-    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
-    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
-    "train.grad_accum=1", "train.steps=2", "train.warmup_steps=1", "checkpoint.every=2",
-]  # fmt: skip
+from tests.support.runs import REPO, clean_env, seed_preflight, set_args, tiny
+
+TINY = tiny(steps=2, grad_accum=1, keep=None, tensorboard=None)
 
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env["CONDA_ENVS_PATH"] = str(tmp_path / "no-envs")  # no provisioned env: the tool env, said loudly
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return clean_env(tmp_path / "no-envs")  # no provisioned env: the tool env, said loudly
 
 
 def bin_train(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -42,10 +34,12 @@ def the_object(stdout: str) -> dict:
     return obj
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
-def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env):
+def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env, preflight_record):
     run_dir, data = tmp_path / "run", tmp_path / "episodes"
-    sets = [a for item in [*TINY, f"data.path={data}"] for a in ("--set", item)]
+    seed_preflight(run_dir, preflight_record)
+    sets = set_args([*TINY, f"data.path={data}"])
     json_file = tmp_path / "out" / "outcome.json"
     json_file.parent.mkdir()
     out = bin_train(env, "furniture_train", "2", "--run-dir", str(run_dir), *sets, "--json",
@@ -65,6 +59,7 @@ def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env):
     assert the_object(again.stdout)["status"] == "completed"
 
 
+@pytest.mark.heavy
 def test_usage_and_config_errors_are_json_with_exit_2(tmp_path, env):
     bad_nproc = bin_train(env, "furniture_train", "0", "--json")
     assert bad_nproc.returncode == 2
@@ -84,6 +79,7 @@ def test_usage_and_config_errors_are_json_with_exit_2(tmp_path, env):
     assert json.loads(target.read_text())["ok"] is False
 
 
+@pytest.mark.heavy
 def test_preflight_failure_is_the_summary_with_exit_3(tmp_path, env):
     run_dir = tmp_path / "run"
     out = bin_train(env, "furniture_train", "2", "--run-dir", str(run_dir), "--env", "nope", "--json")
@@ -93,6 +89,7 @@ def test_preflight_failure_is_the_summary_with_exit_3(tmp_path, env):
     assert "nope" in obj["reason"]
 
 
+@pytest.mark.heavy
 def test_sbatch_to_stdout_travels_inside_the_object(tmp_path, env):
     out = bin_train(env, "furniture_train", "2", "--sbatch", "--cpu-scale", "--json")
     assert out.returncode == 0, out.stderr[-2000:]

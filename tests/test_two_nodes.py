@@ -15,7 +15,6 @@ stops every node, through the stop request in the shared attempt dir. The test s
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -27,16 +26,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-STEPS = 6
-TINY = [
-    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
-    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
-    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
-    "checkpoint.every=2", "checkpoint.keep=3", "log.tensorboard=false",
-]  # fmt: skip
-# A deadline, not a duration: a tiny run takes ~1 min on a quiet host, and it has to hold on this shared
-# 2-core host at load average 35-45 (the dataset generation and torch imports alone took over 240 s there).
+from tests.support.runs import REPO, STEPS, clean_env, losses_by_step, pause_env, set_args, summary, tiny
+
+TINY = tiny(keep=3, tensorboard=False)
+# A deadline, not a duration: a tiny run takes ~1 min on a quiet host; it has to hold at load average 35-45.
 TIMEOUT = 600
 # A stop in the rendezvous: the launcher says so within PROMPT_S and has exited within EXIT_S (torchrun's
 # join timeout is 600 s). The exit includes the interpreter's teardown of torch: ~1 s of CPU, 8-10 s on
@@ -44,7 +37,7 @@ TIMEOUT = 600
 PROMPT_S = 10
 EXIT_S = 60
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
 
 def free_port() -> int:
@@ -55,12 +48,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def base_env(tmp_path_factory) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
-    env["CONDA_ENVS_PATH"] = str(tmp_path_factory.mktemp("no-envs"))  # no provisioned env: the tool env
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return clean_env(tmp_path_factory.mktemp("no-envs"))  # no provisioned env: the tool env
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +80,7 @@ def start(node: int, run_dir: Path, data_dir: Path, env: dict, port: int, attemp
     argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "1", "--cpu-scale", "--env-checked"]
     argv += ["--run-dir", str(run_dir), "--nnodes", "2", "--node-rank", str(node)]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
-    for item in [*TINY, f"data.path={data_dir}"]:
-        argv += ["--set", item]
+    argv += set_args([*TINY, f"data.path={data_dir}"])
     log = run_dir.parent / f"{run_dir.name}-{attempt}-node{node}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -119,27 +106,6 @@ def until(condition, what: str, *launchers: Launcher, timeout: float = TIMEOUT) 
                 raise AssertionError(f"node {launcher.node} exited {rc} before {what}:\n{launcher.output()}")
         time.sleep(0.05)  # polling for an event, with a deadline: not a sleep standing in for one
     raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(x.output() for x in launchers))
-
-
-def pause_env(pause_dir: Path, point: str, rank: int = 0) -> dict[str, str]:
-    pause_dir.mkdir(parents=True, exist_ok=True)
-    return {
-        "LINGBOT_TEST_PAUSE_AT": point,
-        "LINGBOT_TEST_PAUSE_RANK": str(rank),
-        "LINGBOT_TEST_PAUSE_DIR": str(pause_dir),
-    }
-
-
-def losses_by_step(run_dir: Path) -> dict[int, tuple[float, float]]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        out[record["step"]] = (record["latent_loss"], record["action_loss"])
-    return out
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ from trainer.launcher.compile_cache import (
 from trainer.launcher.envchoice import EnvChoice
 from trainer.launcher.preflight import REUSABLE_CHECKS, env_checks, record_path
 
+pytestmark = pytest.mark.fast
+
 
 def tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -73,6 +73,7 @@ def _probe(run) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.heavy
 def test_toolchain_present_outside_absent_inside(worker, worker_env):
     host = _probe(lambda argv: subprocess.run(argv, env=worker_env, capture_output=True, text=True))
     sim = _probe(lambda argv: worker.run(argv, env=worker_env, timeout=60))
@@ -90,6 +91,7 @@ def test_toolchain_present_outside_absent_inside(worker, worker_env):
     assert all(sim["runtime"].values()), f"runtime libraries a worker has are missing: {sim['runtime']}"
 
 
+@pytest.mark.heavy
 def test_system_compiler_cannot_be_run_inside(worker, worker_env, tmp_path):
     src = tmp_path / "hello.c"
     src.write_text("int main(void) { return 0; }\n")
@@ -105,6 +107,7 @@ def test_system_compiler_cannot_be_run_inside(worker, worker_env, tmp_path):
         assert "not found" in inside.stderr
 
 
+@pytest.mark.heavy
 def test_triton_build_fails_like_a_worker(worker, worker_env, tmp_path):
     # On the host the same code builds (with its own cache dir, so nothing is reused inside).
     host_env = dict(worker_env, TRITON_CACHE_DIR=str(tmp_path / "host-triton"))
@@ -118,6 +121,7 @@ def test_triton_build_fails_like_a_worker(worker, worker_env, tmp_path):
     assert "RuntimeError: Failed to find C compiler" in inside.stdout
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_inductor_cpu_compile_fails_like_a_worker(worker, worker_env):
     inside = worker.run([PYTHON, "-c", INDUCTOR_CPU], env=worker_env, timeout=300)
@@ -126,6 +130,7 @@ def test_inductor_cpu_compile_fails_like_a_worker(worker, worker_env):
     assert "No working C++ compiler found" in inside.stdout
 
 
+@pytest.mark.heavy
 def test_exit_status_output_and_timeout_semantics(worker, worker_env):
     result = worker.run(["sh", "-c", "echo out; echo err >&2; exit 7"], env=worker_env, timeout=30)
     assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
@@ -141,6 +146,7 @@ def test_exit_status_output_and_timeout_semantics(worker, worker_env):
     assert leftover.stdout.strip() == "", f"processes survived the timeout: {leftover.stdout}"
 
 
+@pytest.mark.heavy
 def test_command_wraps_argv_for_other_runners(worker, worker_env):
     # bin/envcheck --simulate-worker starts the wrapped argv itself.
     argv = worker.command([PYTHON, "-c", "import shutil; print(shutil.which('gcc'))"])
@@ -148,6 +154,7 @@ def test_command_wraps_argv_for_other_runners(worker, worker_env):
     assert (result.returncode, result.stdout.strip()) == (0, "None")
 
 
+@pytest.mark.fast
 def test_unavailable_gives_a_reason_instead_of_passing(monkeypatch):
     from provision import worker_sim
 
@@ -160,6 +167,7 @@ def test_unavailable_gives_a_reason_instead_of_passing(monkeypatch):
     worker_sim.available.cache_clear()
 
 
+@pytest.mark.heavy
 def test_compilers_outside_usr_on_path_are_hidden_too(worker, worker_env, tmp_path, monkeypatch):
     # e.g. a pyenv shim or a toolkit's bin dir on PATH: hidden by one more overlay on that directory.
     tools = tmp_path / "toolbin"

@@ -2,33 +2,23 @@
 
 `launch` runs `python -m trainer.launch` (what bin/train execs) with the TINY overrides; `assert_said_once`
 checks the launcher's one out-of-space line (filesystem, path, free, needed, the fix) and that no traceback
-reached the terminal. `Tmpfs` mounts a size-limited tmpfs (skips without root); `clean_env` is the launch
-environment (no provisioned env, no LINGBOT_/SLURM_ variables).
+reached the terminal. `Tmpfs` mounts a size-limited tmpfs (skips without root). The rest of a run's helpers
+(clean_env, finish, summary, wait_for) are tests/support/runs.py's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.support import runs
 from trainer.checkpoint_size import estimate_bytes, model_size
 from trainer.config import load_config
 
-REPO = Path(__file__).resolve().parents[2]
-STEPS = 6
-TINY = [
-    "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
-    "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
-    "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
-    "checkpoint.every=2", "checkpoint.keep=2", "log.tensorboard=false",
-]  # fmt: skip
-TIMEOUT = 600  # a deadline per launch (each runs envcheck, which compiles; slow on a loaded machine)
+TINY = runs.tiny(keep=2, tensorboard=False)
 
 
 def tiny_config():
@@ -72,36 +62,11 @@ class Tmpfs:
         subprocess.run(["umount", "-l", str(self.path)], check=False)
 
 
-def clean_env(no_envs: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env["CONDA_ENVS_PATH"] = str(no_envs)  # no provisioned env: the tool env
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def launch(
     run_dir: Path, data_dir: Path, env: dict[str, str], *sets: str, extra_env=None
 ) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
-    for item in [*TINY, f"data.path={data_dir}", *sets]:
-        argv += ["--set", item]
-    return subprocess.Popen(
-        argv,
-        cwd=REPO,
-        env={**env, **(extra_env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=TIMEOUT)
-    return proc.returncode, out, err
-
-
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """The tiny 2-rank launch, stdout and stderr apart (the one-line checks read stderr)."""
+    return runs.launch(run_dir, data_dir, env, *sets, overrides=TINY, extra_env=extra_env, split_stderr=True)
 
 
 def launcher_lines(err: str, text: str) -> list[str]:
@@ -123,14 +88,3 @@ def assert_said_once(
         assert "checkpoint.keep" in line and "--run-dir" in line, line
     assert "Traceback" not in err, err
     return line
-
-
-def wait_for(path: Path, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"launcher exited {proc.returncode} before {path}:\n{proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {path}")
-        time.sleep(0.02)  # polling for an event, with a deadline: not a sleep standing in for one
