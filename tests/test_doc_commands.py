@@ -30,7 +30,12 @@ pytestmark = pytest.mark.fast
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # what each bin/ entry point execs (its own help is that module's)
-BIN_MODULE = {"train": "trainer.launch", "provision": "provision.cli", "envcheck": "provision.check"}
+BIN_MODULE = {
+    "train": "trainer.launch",
+    "provision": "provision.cli",
+    "envcheck": "provision.check",
+    "evaluate": "trainer.inference.cli",
+}
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9-]*")
 FENCE = re.compile(r"^```(\w*)\s*$")
 INLINE = re.compile(r"`([^`\n]+)`")

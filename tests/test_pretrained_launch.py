@@ -49,10 +49,10 @@ class Recorder:
 
     attempts: list = []
 
-    def __init__(self, command, env, attempt, log=None):
+    def __init__(self, command, env, attempt, detector=None, log=None):
         Recorder.attempts.append(attempt.dir)
         self.signals, self.stderr_tail, self.record_lines, self.killed_note = [], [], {}, None
-        self.stopped_before_ranks = None
+        self.stopped_before_ranks = self.hung = None
 
     def wait(self):
         return 0

@@ -10,8 +10,8 @@ tests/test_inference_parity.py runs without the upstream code. It also prints ou
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -58,5 +58,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir", type=Path, help="the upstream session's output (reference_inference.py)")
     torch.set_num_threads(2)
-    main(Path(sys.argv[1]))
+    main(parser.parse_args().out_dir)
