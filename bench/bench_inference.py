@@ -102,7 +102,8 @@ def run(quick: bool = False) -> list[Table]:
             f"infer: {cfg.infer.video_steps} video + {cfg.infer.action_steps} action steps, guidance "
             f"{cfg.infer.guidance} (2 rows), {cfg.infer.frames_per_chunk} frames per chunk; "
             f"load avg {load:.1f}",
-            "chunk 0 has no history: both variants do the same work there",
+            "chunk 0 has no observed history, but without the cache the action loop still recomputes this "
+            "chunk's predicted video before each of its passes",
         ],
     )
     full = load_config("furniture_train", False)
