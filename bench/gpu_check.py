@@ -93,7 +93,11 @@ def run(cfg, steps: int, out: Path) -> int:  # long: one linear measurement scri
     name = torch.cuda.get_device_name(0)
     kind = match_device_name(name)
     started = time.perf_counter()
-    plan = make_plan(copy.deepcopy(cfg), 1, 1, [kind] if kind else [], target="cuda")
+    try:  # the measurement must not depend on the prediction: a plan that fails is recorded, not fatal
+        plan, plan_error = make_plan(copy.deepcopy(cfg), 1, 1, [kind] if kind else [], target="cuda"), None
+    except Exception as exc:  # noqa: BLE001 - recorded in the result with its type
+        plan, plan_error = None, f"{type(exc).__name__}: {exc}"
+        print(f"gpu_check: the plan failed ({plan_error}); measuring without it", file=sys.stderr)
     plan_s = time.perf_counter() - started
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -120,11 +124,15 @@ def run(cfg, steps: int, out: Path) -> int:  # long: one linear measurement scri
         record = breakdown.end_step()
         record["wall_s"] = time.perf_counter() - t0
         records.append(record)
+        print(f"gpu_check: step {step}/{steps} {record['wall_s']:.3f} s", flush=True)
+        write_json_atomic(
+            out, {"status": "partial", "device": name, "steps": records, "plan_error": plan_error}
+        )
     peak = torch.cuda.max_memory_allocated(device)
     recompiles = counters["stats"]["unique_graphs"] - graphs_after_first
     steady = [r["wall_s"] for r in records[1:]] or [records[0]["wall_s"]]
     step_s = sum(steady) / len(steady)
-    kind_plan = plan.kinds[0] if plan.kinds else None
+    kind_plan = plan.kinds[0] if plan and plan.kinds else None
     result = {
         "status": "measured",
         "device": name,
@@ -132,19 +140,20 @@ def run(cfg, steps: int, out: Path) -> int:  # long: one linear measurement scri
         "config": {
             "depth": cfg.model.depth,
             "grad_accum": cfg.train.grad_accum,
-            "tokens": plan.tokens_per_micro_batch,
+            "tokens": stream.tokens_per_micro_batch,
         },
         "steps": records,
         "step_s_steady": step_s,
-        "mfu": mfu_at(plan, kind, step_s) if kind else None,
+        "mfu": mfu_at(plan, kind, step_s) if kind and plan else None,
         "graphs_compiled_after_step1": recompiles,
         "dynamo_stats": dict(counters["stats"]),
         "peak_allocated_bytes": peak,
-        "plan_peak_bytes": plan.memory["total"],
-        "peak_over_plan": peak / plan.memory["total"],
+        "plan_peak_bytes": plan.memory["total"] if plan else None,
+        "peak_over_plan": peak / plan.memory["total"] if plan else None,
         "plan_step_lower_bound_s": kind_plan.step_lower_bound_s if kind_plan else None,
         "step_over_lower_bound": step_s / kind_plan.step_lower_bound_s if kind_plan else None,
-        "plan": plan.to_json(),
+        "plan": plan.to_json() if plan else None,
+        "plan_error": plan_error,
         "plan_seconds": plan_s,
     }
     write_json_atomic(out, result)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first-GPU check, as one call (<= ~8 min on one GPU): bin/envcheck with its GPU checks, then
+# The first-GPU check, as one call (<= ~8 min on one GPU): envcheck's table with its GPU checks, then
 # bench/gpu_check.py (3 training steps at the cluster config's block shapes with a few layers: compiled
 # FlexAttention with the LingBot mask, bf16, FSDP2 on 1 GPU, activation checkpointing; step-time
 # breakdown, MFU, recompiles, peak memory and step time against trainer/plan's prediction).
@@ -37,11 +37,15 @@ if [[ ${#dry[@]} -eq 0 ]] && "$python" -c 'import sys, torch; sys.exit(0 if torc
 fi
 
 if [[ $gpu -eq 1 ]]; then
-  # the full table, GPU rows included; its verdict is recorded, not fatal (a bare machine has no
-  # provisioned env: those rows FAIL and say so)
+  # the full table (bin/envcheck's module) run by this python against its own prefix, GPU rows
+  # included; its verdict is recorded, not fatal (a bare machine's python is no provisioned env: those
+  # rows FAIL and say so). Not through bin/envcheck: that builds the tool env from PyPI first, which a
+  # GPU machine without a network cannot reach.
+  prefix="$("$python" -c 'import sys; print(sys.prefix)')"
   set +e
-  LINGBOT_ENV_PYTHON="$python" timeout 300 "$root/bin/envcheck" --json-file "$out_dir/envcheck.json"
-  echo "gpu_check: bin/envcheck exit $?"
+  LINGBOT_REPO_ROOT="$root" timeout 300 "$python" -m provision.check --prefix "$prefix" \
+    --json-file "$out_dir/envcheck.json"
+  echo "gpu_check: envcheck exit $?"
   set -e
 else
   echo "gpu_check: no GPU (or --dry-run): bin/envcheck's GPU checks not run"
