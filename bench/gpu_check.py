@@ -30,10 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 EXIT_NO_GPU = 3
 
 
-def check_config(layers: int, grad_accum: int):
+def check_config(layers: int, grad_accum: int, extra: list[str] | None = None):
+    import yaml
+
     from trainer.config import load_config
 
-    overrides = {
+    overrides: dict[str, object] = {
         "model.pretrained": "",
         "model.depth": layers,
         "model.attention": "flex",
@@ -41,6 +43,9 @@ def check_config(layers: int, grad_accum: int):
         "train.mixed_precision": "bf16",
         "train.grad_accum": grad_accum,
     }
+    for item in extra or []:  # --set KEY=VALUE, a YAML value as bin/train's --set reads it
+        key, _, value = item.partition("=")
+        overrides[key] = yaml.safe_load(value)
     return load_config("furniture_train", cpu_scale=False, overrides=overrides)
 
 
@@ -76,7 +81,9 @@ def dry_run(cfg, out: Path, reason: str) -> int:
     return EXIT_NO_GPU
 
 
-def run(cfg, steps: int, out: Path) -> int:  # long: one linear measurement script, read top to bottom
+def run(
+    cfg, steps: int, out: Path, comm_timing: bool = True
+) -> int:  # long: one linear measurement script, read top to bottom
     import torch
     import torch.distributed as dist
     from torch._dynamo.utils import counters
@@ -108,7 +115,8 @@ def run(cfg, steps: int, out: Path) -> int:  # long: one linear measurement scri
     optimizer = make_optimizer(model, cfg, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     breakdown = StepBreakdown(device)
-    install_comm_timing(model, breakdown)
+    if comm_timing:
+        install_comm_timing(model, breakdown)
     stream = SyntheticStream(cfg)
     rig = Rig(cfg, 0, 1, device, model, optimizer, scheduler, stream, None, breakdown)  # type: ignore[arg-type]
     records, graphs_after_first = [], 0
@@ -171,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--grad-accum", type=int, default=2)
     parser.add_argument("--dry-run", action="store_true", help="build everything, measure nothing, exit 3")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    parser.add_argument(
+        "--no-comm-timing", action="store_true", help="leave FSDP's collectives unwrapped (a diagnosis)"
+    )
     args = parser.parse_args(argv)
-    cfg = check_config(args.layers, args.grad_accum)
+    cfg = check_config(args.layers, args.grad_accum, args.set)
     import torch
 
     if args.dry_run:
@@ -181,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return dry_run(
             cfg, args.out, f"no GPU (torch {torch.__version__}: torch.cuda.is_available() is False)"
         )
-    return run(cfg, args.steps, args.out)
+    return run(cfg, args.steps, args.out, comm_timing=not args.no_comm_timing)
 
 
 if __name__ == "__main__":

@@ -159,3 +159,32 @@ def test_predicted_peak_matches_a_real_two_rank_cpu_step(tmp_path):
     measured = json.loads(out.read_text())["memory"]["total"]
     predicted = traced_peak(load_config("furniture_train", cpu_scale=True), 2, "cpu")["total"]
     assert abs(predicted - measured) <= 0.10 * measured, (predicted, measured)
+
+
+@pytest.mark.fast
+def test_a_plan_leaves_no_fake_tensor_behind_for_a_real_step_in_the_same_process():
+    """The plan traces under FakeTensorMode; a table cached during the trace (recipe.sigma_table /
+    weight_table) once kept a FakeTensor that the next real step read (on an H200: `CUDA error: an
+    illegal memory access`, bench/results/2026-12-04-gpu-check.md). A real forward after a plan in the
+    same process equals one before it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from trainer import recipe
+    from trainer.attention import SdpaBackend
+    from trainer.model import WorldModel
+    from trainer.plan.memory import synthetic_micro_batch, traced_peak
+
+    cfg = tiny()
+    recipe._real_tables.cache_clear()
+    torch.manual_seed(0)
+    model = WorldModel(cfg)
+    batch = synthetic_micro_batch(cfg, seed=1)
+    model.use_attention_backend(SdpaBackend(), "test")
+    before = model(batch)["loss"].item()
+    recipe._real_tables.cache_clear()
+    assert traced_peak(cfg, 1, "cpu")["total"] > 0
+    for shift in (cfg.recipe.video_shift, cfg.recipe.action_shift):
+        assert not isinstance(recipe.sigma_table(shift), FakeTensor)
+        assert not isinstance(recipe.weight_table(shift), FakeTensor)
+    assert model(batch)["loss"].item() == before

@@ -25,6 +25,7 @@ import functools
 from typing import NamedTuple
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from trainer.batch import BatchError, CleanBatch, MicroBatch
 
@@ -65,20 +66,29 @@ def check_recipe(recipe) -> None:
             raise ValueError(message)
 
 
-@functools.cache
 def sigma_table(shift: float, steps: int = 1000) -> torch.Tensor:
     """(steps,) float32 training sigmas, largest first: shift * s / (1 + (shift - 1) s), s = 1 - i/steps."""
-    s = torch.linspace(1.0, 0.0, steps + 1)[:-1]
-    return shift * s / (1 + (shift - 1) * s)
+    with unset_fake_temporarily():  # a cached table is always real (see _real_tables)
+        return _real_tables(shift, steps)[0]
+
+
+def weight_table(shift: float, steps: int = 1000) -> torch.Tensor:
+    """(steps,) float32 loss weights per grid timestep (the reference's `training_weight`)."""
+    with unset_fake_temporarily():
+        return _real_tables(shift, steps)[1]
 
 
 @functools.cache
-def weight_table(shift: float, steps: int = 1000) -> torch.Tensor:
-    """(steps,) float32 loss weights per grid timestep (the reference's `training_weight`)."""
-    x = sigma_table(shift, steps) * steps
+def _real_tables(shift: float, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both tables, computed once per (shift, steps) and never under a FakeTensorMode: the plan traces a
+    step under one (trainer/plan/memory.py), and a fake table cached there was read by the next real step
+    in the same process (an H200's `illegal memory access`; tests/test_plan.py)."""
+    s = torch.linspace(1.0, 0.0, steps + 1)[:-1]
+    sigma = shift * s / (1 + (shift - 1) * s)
+    x = sigma * steps
     y = torch.exp(-2 * ((x - steps / 2) / steps) ** 2)
     shifted = y - y.min()
-    return shifted * (steps / shifted.sum())
+    return sigma, shifted * (steps / shifted.sum())
 
 
 def loss_weights(sigma: torch.Tensor, shift: float, steps: int, weighting: str) -> torch.Tensor:

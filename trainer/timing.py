@@ -282,7 +282,7 @@ def install_comm_timing(model: nn.Module, breakdown: StepBreakdown) -> None:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        groups = module._get_fsdp_state()._fsdp_param_groups  # modules without parameters have none
+        groups = _param_groups(module)
         if not groups:
             continue
         found = True
@@ -295,3 +295,15 @@ def install_comm_timing(model: nn.Module, breakdown: StepBreakdown) -> None:
         module.set_custom_all_gather(TimedAllGather(ag, breakdown))
     if not found:
         raise ValueError("install_comm_timing: the model has no fully_shard-ed module with parameters")
+
+
+def _param_groups(module: FSDPModule) -> list:
+    """The module's FSDP param groups (none for a module without parameters). A private field: torch 2.13
+    holds a list (`_fsdp_param_groups`), torch <= 2.11 one group or None (`_fsdp_param_group`; found on
+    the first GPU check, torch 2.11.0+cu130)."""
+    state = module._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [group] if group is not None else []
