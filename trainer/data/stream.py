@@ -41,11 +41,11 @@ import torch
 
 from trainer.batch import ACTION_SLOTS, CleanBatch
 from trainer.data.cache import cache_dir
-from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery, discover
+from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
-from trainer.data.generate import generate_dataset
-from trainer.data.location import dataset_lock, resolve_data_path
-from trainer.data.normalize import QuantileNormalizer
+from trainer.data.location import resolve_data_path
+from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
+from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.split import SplitError, split_record
 from trainer.masks import SequenceShape, sequence_shape
 from trainer.recipe import EmptyText, draw_micro_batch
@@ -61,45 +61,6 @@ BATCH_KEYS = {
     "sample_index": "(B,) int64 global clip index (episode-major), for checks and logs",
     "...": "the recipe's draws: see trainer/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
 }
-
-
-def ensure_dataset(cfg) -> list[Path]:
-    """Episode files of cfg.data.task under cfg.data.path, generating them first when allowed."""
-    root, task = resolve_data_path(cfg), cfg.data.task
-    files = discover(root, task).files
-    if files:
-        return files
-    if not cfg.data.generate_if_missing:
-        raise DatasetError(missing_episodes(cfg, root) or "")
-    with dataset_lock(root):
-        files = discover(root, task).files  # another rank may have generated meanwhile
-        if not files:
-            problem = missing_episodes(cfg, root)
-            if problem:
-                raise DatasetError(problem)
-            generate_dataset(
-                root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
-            )
-            files = discover(root, task).files
-    return files
-
-
-def missing_episodes(cfg, root: Path) -> str | None:
-    """Why `root`, which holds no episodes of data.task, cannot get them (None: they may be generated).
-    The launcher's preflight asks this too (trainer/launcher/inputs.py)."""
-    task = cfg.data.task
-    if not cfg.data.generate_if_missing:
-        return (
-            f"{root}: no {task} episodes ({task}/<timestamp>/<timestamp>.pkl, <timestamp>/<timestamp>.pkl "
-            f"or *.pkl; data.generate_if_missing is off); generate some with "
-            f"`python -m trainer.data.generate {root} --episodes N --task {task}` or fix data.path"
-        )
-    if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
-        return (
-            f"{root}: the directory exists but holds no {task} episodes (looked for {task}/, "
-            f"timestamped collector folders and *.pkl); point data.path elsewhere or set data.task"
-        )
-    return None
 
 
 def _seeded(*parts: int) -> torch.Generator:
@@ -120,6 +81,7 @@ class BatchStream:
         data_summary: DatasetSummary | None = None,
         names: list[str] | None = None,
         held_out: Sequence[str] = (),
+        normalizer=None,
     ):
         """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8).
 
@@ -148,14 +110,15 @@ class BatchStream:
             mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
             std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
             self.latents = [torch.from_numpy((x.astype(np.float32) - mean) / std) for x in latents]
-        self.normalizer = QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
+        # data.normalize fit: quantiles of the training episodes; else the dataset's own (build_stream)
+        self.normalizer = normalizer or QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
         adim, used = cfg.model.action_dim, cfg.model.action_used
         if used > actions[0].shape[1]:
             raise DatasetError(
                 f"{resolve_data_path(cfg)}: actions: episodes have {actions[0].shape[1]} action channels, "
                 f"model.action_used={used} wants more"
             )
-        slots = list(ACTION_SLOTS[:used])
+        slots = list(cfg.data.action_slots or ACTION_SLOTS)[:used]  # the 30-channel layout's channels
         clip = float(getattr(getattr(cfg, "recipe", None), "action_clip", ACTION_CLIP))
         self.actions = []
         for e, a in enumerate(actions):
@@ -176,6 +139,11 @@ class BatchStream:
         self.text_mask = torch.from_numpy(np.ascontiguousarray(text["prompt_mask"], dtype=bool))
         self.empty_emb = torch.from_numpy(np.ascontiguousarray(text["empty_emb"], dtype=np.float32))
         self.empty_mask = torch.from_numpy(np.ascontiguousarray(text["empty_mask"], dtype=bool))
+        self.task_emb = self.task_mask = None  # per-episode prompts (LeRobot tasks): (K, L, D), (K, L)
+        if "episode_task" in text:
+            self.task_emb = torch.from_numpy(np.ascontiguousarray(text["task_emb"], dtype=np.float32))
+            self.task_mask = torch.from_numpy(np.ascontiguousarray(text["task_mask"], dtype=bool))
+            self.episode_task = [int(k) for k in text["episode_task"]]
 
         # every training clip: `frames` consecutive latent frames and their frames * t actions
         self.clips = [(e, s) for e in train for s in range(0, self.latents[e].shape[0] - frames + 1)]
@@ -222,14 +190,23 @@ class BatchStream:
             e, s = self.clips[i]
             lat.append(self.latents[e][s : s + frames].float())
             act.append(self.actions[e][s * t : (s + frames) * t])
-        b = len(idx)
+        emb, mask = self._text([self.clips[i][0] for i in idx])
         return {
             "latents": torch.stack(lat),
             "actions": torch.stack(act),
             "action_mask": self.action_mask.clone(),
-            "text_emb": self.text_emb.expand(b, *self.text_emb.shape).clone(),
-            "text_mask": self.text_mask.expand(b, *self.text_mask.shape).clone(),
+            "text_emb": emb,
+            "text_mask": mask,
         }
+
+    def _text(self, episodes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L, D) prompt embeddings and (B, L) masks of these episodes (one prompt, or their tasks)."""
+        if self.task_emb is None or self.task_mask is None:
+            b = len(episodes)
+            return (self.text_emb.expand(b, *self.text_emb.shape).clone(),
+                    self.text_mask.expand(b, *self.text_mask.shape).clone())  # fmt: skip
+        k = torch.tensor([self.episode_task[e] for e in episodes], dtype=torch.long)
+        return self.task_emb[k].clone(), self.task_mask[k].clone()
 
     def val_clips(self) -> list[tuple[int, int]]:
         """(episode, first latent frame) of every held-out clip: non-overlapping windows of data.frames
@@ -246,8 +223,8 @@ class BatchStream:
             "latents": self.latents[episode][start : start + frames].float()[None],
             "actions": self.actions[episode][start * t : (start + frames) * t][None],
             "action_mask": self.action_mask.clone(),
-            "text_emb": self.text_emb[None].clone(),
-            "text_mask": self.text_mask[None].clone(),
+            "text_emb": self._text([episode])[0],
+            "text_mask": self._text([episode])[1],
         }
 
     def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
@@ -284,6 +261,7 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
     actions: list[np.ndarray] = []
     skipped: list[tuple[Path, str]] = []
     notes: Counter[str] = Counter()
+    tasks: list[int] = []
     for ep in manifest["episodes"]:
         source = found.root / ep["file"]
         if ep["status"] != "used":
@@ -300,8 +278,11 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
             latents.append(np.concatenate([v[:n] for v in views], axis=-1))
             actions.append(z["actions"])
             names.append(ep["file"])
+            tasks.append(int(ep.get("task_index", 0)))
     with np.load(directory / "text.npz", allow_pickle=False) as z:
         text = {k: z[k] for k in z.files}
+    if "task_emb" in text:  # a LeRobot dataset: the prompt per episode (its task)
+        text["episode_task"] = np.array(tasks, np.int64)
     spec = manifest["spec"]
     summary = DatasetSummary.of(
         found,
@@ -355,7 +336,7 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         directory, manifest = (
             ensure_cache(cfg, 0, 1, log) if tmp is not None else ensure_cache(cfg, rank, world_size, log)
         )
-        found = discover(data_root(cfg), cfg.data.task)
+        found = discover_source(cfg, data_root(cfg))
         try:
             latents, actions, text, summary, names = load_cached(cfg, directory, manifest, found, log)
         except SplitError as exc:
@@ -376,6 +357,7 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         data_summary=summary,
         names=names,
         held_out=summary.split["held_out"] if summary.split else (),
+        normalizer=dataset_normalizer(cfg, manifest, directory),
     )
 
 
@@ -387,4 +369,4 @@ def _with_cache_root(cfg, root: Path):
     return cfg
 
 
-__all__ = ["BatchStream", "build_stream", "cache_dir", "ensure_dataset", "resolve_data_path"]
+__all__ = ["BatchStream", "build_stream", "cache_dir", "ensure_dataset", "missing_episodes", "resolve_data_path"]
