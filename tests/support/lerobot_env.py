@@ -94,5 +94,7 @@ def run_writer(script: Path, args: list[str], site: Path, timeout: float = 300) 
         timeout=timeout,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise LerobotEnvError(f"{script.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}")
+        raise LerobotEnvError(
+            f"{script.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        )
     return proc.stdout

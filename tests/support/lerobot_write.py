@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
 
     s = args.size
     features = {
-        **{k: {"dtype": "video", "shape": (s, s, 3), "names": ["height", "width", "channels"]} for k in VIDEO_KEYS},
+        **{k: {"dtype": "video", "shape": (s, s, 3), "names": ["height", "width", "channels"]}
+           for k in VIDEO_KEYS},
         IMAGE_KEY: {"dtype": "image", "shape": (s, s, 3), "names": ["height", "width", "channels"]},
         "observation.state": {"dtype": "float32", "shape": (6,), "names": [f"q{i}" for i in range(6)]},
         "action": {"dtype": "float32", "shape": (7,), "names": [f"a{i}" for i in range(7)]},

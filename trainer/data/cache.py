@@ -77,7 +77,9 @@ class CacheSpec:
         return d
 
 
-def make_spec(cfg, video: VideoEncoder, text: TextEncoder, prompt: str | None = None, source: str = "") -> CacheSpec:
+def make_spec(
+    cfg, video: VideoEncoder, text: TextEncoder, prompt: str | None = None, source: str = ""
+) -> CacheSpec:
     """prompt/source: a LeRobot dataset's tasks (one per line) and its spec_source; data.prompt otherwise."""
     d = cfg.data
     return CacheSpec(

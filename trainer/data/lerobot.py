@@ -78,7 +78,9 @@ class LeRobotInfo:
 
     def video(self, episode: int, camera: str) -> Path:
         chunk = episode // self.chunks_size
-        return self.root / self.video_path.format(episode_chunk=chunk, video_key=camera, episode_index=episode)
+        return self.root / self.video_path.format(
+            episode_chunk=chunk, video_key=camera, episode_index=episode
+        )
 
     def files(self) -> list[Path]:
         return [self.parquet(int(e["episode_index"])) for e in self.episodes]
@@ -191,7 +193,9 @@ def parse_action_map(ds: LeRobotInfo, entries: list[str]) -> list[tuple[str, int
         key = m["key"]
         feature = ds.features.get(key)
         if feature is None or feature.get("dtype") in ("video", "image", "string"):
-            numeric = [k for k, f in ds.features.items() if f.get("dtype") not in ("video", "image", "string")]
+            numeric = [
+                k for k, f in ds.features.items() if f.get("dtype") not in ("video", "image", "string")
+            ]
             raise DatasetError(
                 f"{ds.root / INFO}: features: {key!r} (data.action_map) is not a numeric feature; "
                 f"use some of {', '.join(numeric)}"
@@ -256,7 +260,9 @@ def read_episode(
     episode = ds.episode_of(parquet)
     index = int(episode["episode_index"])
     if not parquet.is_file():
-        raise DatasetError(f"{parquet}: episode {index}'s parquet file missing (listed in meta/episodes.jsonl)")
+        raise DatasetError(
+            f"{parquet}: episode {index}'s parquet file missing (listed in meta/episodes.jsonl)"
+        )
     table = pq.read_table(parquet)
     rows, info = table.num_rows, ds.root / INFO
     images: dict[str, np.ndarray] = {}

@@ -68,9 +68,7 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
             "episode_index": episode.index,
             "task": episode.task,
             "task_index": task_index,
-            "videos": {
-                p.relative_to(ds.root).as_posix(): fingerprint(p) for p in episode.videos.values()
-            },
+            "videos": {p.relative_to(ds.root).as_posix(): fingerprint(p) for p in episode.videos.values()},
         }
         if mode == "read":
             meta["notes"] = ["latents read from the reference's latents/ layout (not encoded here)"]

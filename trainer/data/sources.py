@@ -1,9 +1,9 @@
 """Which kind of dataset data.path holds, its episode files, and what to do when it holds none.
 
-    fmt = data_format(cfg, root)        # "lerobot" (data.format, or auto: root/meta/info.json) | "furniturebench"
+    fmt = data_format(cfg, root)        # lerobot (data.format, or auto: root/meta/info.json) | furniturebench
     found = discover_source(cfg)        # trainer/data/discovery.py's Discovery for either format
     ensure_dataset(cfg)                 # the episode files, generating FurnitureBench ones when allowed
-    missing_episodes(cfg, root)         # why there are none (None: they may be generated); the preflight's too
+    missing_episodes(cfg, root)         # why there are none (None: may be generated); the preflight's too
 
 A LeRobot dataset's episode files are its parquet files, listed by meta/episodes.jsonl (one missing on disk
 is named when read). LeRobot data is never generated.

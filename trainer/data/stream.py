@@ -369,4 +369,11 @@ def _with_cache_root(cfg, root: Path):
     return cfg
 
 
-__all__ = ["BatchStream", "build_stream", "cache_dir", "ensure_dataset", "missing_episodes", "resolve_data_path"]
+__all__ = [
+    "BatchStream",
+    "build_stream",
+    "cache_dir",
+    "ensure_dataset",
+    "missing_episodes",
+    "resolve_data_path",
+]

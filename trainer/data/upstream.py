@@ -52,8 +52,9 @@ def write_episode_latents(ds: LeRobotInfo, episode: int, latents: dict, text_emb
     for camera, lat in latents.items():
         f, c, h, w = lat.shape
         record: dict[str, Any] = {
-            "latent": torch.from_numpy(np.ascontiguousarray(lat.transpose(0, 2, 3, 1).reshape(f * h * w, c)))
-            .to(torch.bfloat16),
+            "latent": torch.from_numpy(
+                np.ascontiguousarray(lat.transpose(0, 2, 3, 1).reshape(f * h * w, c))
+            ).to(torch.bfloat16),
             "latent_num_frames": f,
             "latent_height": h,
             "latent_width": w,

@@ -56,10 +56,15 @@ def _lerobot_note(cfg: RunConfig, root) -> str:
         for e in ds.episodes:
             index = int(e["episode_index"])
             if not ds.parquet(index).is_file():
-                raise DatasetError(f"{ds.parquet(index)}: episode {index}'s parquet file missing (meta/episodes.jsonl lists it)")
+                raise DatasetError(
+                    f"{ds.parquet(index)}: episode {index}'s parquet missing (meta/episodes.jsonl lists it)"
+                    "; restore it or remove the episode from meta/"
+                )
             for cam in cams if cfg.data.upstream_latents != "read" else []:
                 if ds.features[cam]["dtype"] == "video" and not ds.video(index, cam).is_file():
-                    raise DatasetError(f"{ds.video(index, cam)}: video of episode {index}, camera {cam} missing")
+                    raise DatasetError(
+                        f"{ds.video(index, cam)}: video of episode {index}, camera {cam} missing"
+                    )
     except DatasetError as exc:
         raise PreflightError(str(exc)) from exc
     return f"data: {len(ds.episodes)} episode(s) of the {ds.layout} dataset {root}, cameras {', '.join(cams)}"
