@@ -255,8 +255,13 @@ def read_episode(
     ds: LeRobotInfo, parquet: Path, cameras: list[str], channels: list[tuple[str, int]]
 ) -> LeRobotEpisode:
     """One episode's frames and mapped actions, every length checked against the parquet's rows."""
-    import pyarrow.parquet as pq
-
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DatasetError(
+            "pyarrow is not installed in this environment (LeRobot parquet files need it): "
+            "`pip install pyarrow==21.0.0` (pyproject.toml declares it; docs/data.md: the provisioned env)"
+        ) from exc
     episode = ds.episode_of(parquet)
     index = int(episode["episode_index"])
     if not parquet.is_file():

@@ -20,17 +20,26 @@ class VideoError(ValueError):
     """A video that cannot be decoded; the message names the file and the fix."""
 
 
+def _av():
+    try:
+        import av
+    except ImportError as exc:
+        raise VideoError(
+            "PyAV is not installed in this environment (LeRobot videos need it): `pip install av==15.1.0` "
+            "(pyproject.toml declares it; the provisioned env gets it once environment.yml is relocked: "
+            "docs/data.md)"
+        ) from exc
+    return av
+
+
 def decoders() -> set[str]:
     """Names of the codecs the installed PyAV/FFmpeg can decode."""
-    import av
-
-    return set(av.codecs_available)
+    return set(_av().codecs_available)
 
 
 def decode_video(path: Path) -> np.ndarray:
     """Every frame of the first video stream of `path` as (T, H, W, 3) uint8 RGB."""
-    import av
-
+    av = _av()
     path = Path(path)
     if not path.is_file():
         raise VideoError(f"{path}: video file missing")
