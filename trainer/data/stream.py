@@ -130,6 +130,22 @@ class BatchStream:
         self.action_mask = torch.zeros(adim, dtype=torch.bool)
         self.action_mask[slots] = True
 
+        self._set_text(text)
+
+        # every training clip: `frames` consecutive latent frames and their frames * t actions
+        self.clips = [(e, s) for e in train for s in range(0, self.latents[e].shape[0] - frames + 1)]
+        if not self.clips:
+            raise DatasetError(
+                f"{resolve_data_path(cfg)}: no episode has {frames} latent frames "
+                f"(data.frames={frames}, one latent frame per {t} actions); "
+                "use shorter clips or longer episodes"
+            )
+        self.tokens_per_micro_batch = self.shape.tokens(self.batch_size)
+        self.sequence_length = self.shape.padded_tokens(self.batch_size, cfg.model.attn_block)
+
+    def _set_text(self, text: dict[str, np.ndarray] | None) -> None:
+        """The prompt embedding (zeros without one), the empty prompt, and the per-episode tasks if any."""
+        cfg = self.cfg
         if text is None:
             dim = int(getattr(cfg.model, "text_dim", 4096))
             zeros = np.zeros((cfg.data.text_length, dim), np.float32)
@@ -144,17 +160,6 @@ class BatchStream:
             self.task_emb = torch.from_numpy(np.ascontiguousarray(text["task_emb"], dtype=np.float32))
             self.task_mask = torch.from_numpy(np.ascontiguousarray(text["task_mask"], dtype=bool))
             self.episode_task = [int(k) for k in text["episode_task"]]
-
-        # every training clip: `frames` consecutive latent frames and their frames * t actions
-        self.clips = [(e, s) for e in train for s in range(0, self.latents[e].shape[0] - frames + 1)]
-        if not self.clips:
-            raise DatasetError(
-                f"{resolve_data_path(cfg)}: no episode has {frames} latent frames "
-                f"(data.frames={frames}, one latent frame per {t} actions); "
-                "use shorter clips or longer episodes"
-            )
-        self.tokens_per_micro_batch = self.shape.tokens(self.batch_size)
-        self.sequence_length = self.shape.padded_tokens(self.batch_size, cfg.model.attn_block)
 
     def _split(self, n: int, names: list[str] | None, held_out: Sequence[str]) -> list[int]:
         """Set self.names and self.held_out (episode indices); return the training episodes' indices."""
