@@ -247,3 +247,21 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(written, released, tmp_path, p
     assert summary["data"]["layout"].startswith("LeRobot v2.1") and summary["data"]["used"] == 3
     assert summary["data"]["split"]["held_out"] == ["data/chunk-000/episode_000002.parquet"]
     assert sorted(runs.losses_by_step(run)) == [1, 2]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "sets, problem",
+    [(["data.cameras=observation.images.top"], "camera 'observation.images.top' is not a video or image feature"),
+     ([f"data.cameras={FRONT}"], "episode_000000.parquet: episode 0's parquet missing"),
+     ([f"data.cameras={FRONT}", "data.action_map=effort"], "'effort' (data.action_map) is not a numeric feature")],
+)  # fmt: skip
+def test_the_launcher_preflight_names_bad_lerobot_input_with_exit_3(tmp_path, capsys, sets, problem):
+    from trainer.launcher import main as launch
+
+    root = _meta(tmp_path / "ds")
+    argv = ["furniture_train", "1", "--run-dir", str(tmp_path / "run"), "--set", f"data.path={root}"]
+    assert launch.main([*argv, *(a for s in sets for a in ("--set", s))]) == 3
+    err = capsys.readouterr().err
+    assert problem in err and "preflight failed" in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
