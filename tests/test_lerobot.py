@@ -143,6 +143,7 @@ def test_frames_decode_as_written(written):
         for cam in (FRONT, WRIST):  # AV1 (libsvtav1, crf 30, yuv420p): measured ~31 dB at 32 px
             assert ep.images[cam].shape == frames[f"{cam}__{e}"].shape
             assert _psnr(ep.images[cam], frames[f"{cam}__{e}"]) > 28.0
+            _in_order(ep.images[cam], frames[f"{cam}__{e}"])
         assert (
             ep.actions.shape == (13 + e, 7)
             and ep.task == ("put the red cube in the bowl", "open the drawer")[e % 2]
@@ -168,6 +169,49 @@ def test_bad_lerobot_input_is_named(written, tmp_path):
     pq.write_table(pq.read_table(files[2]).drop(["action"]), files[2])
     with pytest.raises(DatasetError, match=r"episode_000002.parquet: column 'action' missing"):
         lerobot.read_episode(ds, files[2], [], channels)
+
+
+@pytest.mark.heavy
+def test_h264_videos_decode_too(tmp_path):
+    root = tmp_path / "h264"
+    args = [str(root), "--episodes", "1", "--length", "9", "--vcodec", "h264"]
+    run_writer(Path(__file__).parent / "support" / "lerobot_write.py", args, lerobot_site())
+    ds = lerobot.load(root)
+    assert ds.features[FRONT]["info"]["video.codec"] == "h264"
+    ep = lerobot.read_episode(ds, ds.files()[0], [FRONT], [])
+    with np.load(root.parent / "h264.frames.npz") as z:
+        want = z[f"{FRONT}__0"]
+    assert _psnr(ep.images[FRONT], want) > 25.0  # libx264 crf 30, yuv420p, 32 px: measured 27.3 dB
+    _in_order(ep.images[FRONT], want)
+
+
+def _in_order(got: np.ndarray, want: np.ndarray) -> None:
+    """Each decoded frame is closest to the frame written at its own index (no shift, drop or repeat)."""
+    for i in range(len(want)):
+        scores = [_psnr(got[i], want[j]) for j in range(len(want))]
+        assert int(np.argmax(scores)) == i, (i, scores)
+
+
+@pytest.mark.heavy
+def test_cache_resumes_and_a_changed_video_makes_it_stale(written, tmp_path):
+    from trainer.config import load_config, parse_set
+    from trainer.data.cache import StaleCache
+    from trainer.data.prepare import ensure_cache, prepare
+
+    root = tmp_path / "ds"
+    shutil.copytree(written[0], root)
+    items = [f"data.path={root}", f"data.cameras={FRONT},{WRIST}", "model.action_used=7", "data.frames=3",
+             "model.latent_size=2", "data.val_episodes=1"]  # fmt: skip
+    cfg = load_config("furniture_train", True, parse_set(items))
+    first = prepare(cfg, log=lambda line: None)
+    assert (first.encoded, first.kept) == (3, 0)
+    again = prepare(cfg, log=lambda line: None)
+    assert (again.encoded, again.kept) == (0, 3)  # resumable: finished entries are kept
+    ensure_cache(cfg, 0, 1, log=lambda line: None)  # complete and current
+    video = lerobot.load(root).video(1, WRIST)
+    video.write_bytes(lerobot.load(root).video(2, WRIST).read_bytes())
+    with pytest.raises(StaleCache, match=rf"videos/chunk-000/{WRIST}/episode_000001.mp4: size"):
+        ensure_cache(cfg, 0, 1, log=lambda line: None)
 
 
 def _cfg_items(root: Path, vae_root: Path, *extra: str) -> list[str]:
@@ -252,9 +296,9 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(written, released, tmp_path, p
 @pytest.mark.fast
 @pytest.mark.parametrize(
     "sets, problem",
-    [(["data.cameras=observation.images.top"], "camera 'observation.images.top' is not a video or image feature"),
+    [(["data.cameras=observation.images.top"], "camera 'observation.images.top' is not a video or image"),
      ([f"data.cameras={FRONT}"], "episode_000000.parquet: episode 0's parquet missing"),
-     ([f"data.cameras={FRONT}", "data.action_map=effort"], "'effort' (data.action_map) is not a numeric feature")],
+     ([f"data.cameras={FRONT}", "data.action_map=effort"], "'effort' (data.action_map) is not a numeric")],
 )  # fmt: skip
 def test_the_launcher_preflight_names_bad_lerobot_input_with_exit_3(tmp_path, capsys, sets, problem):
     from trainer.launcher import main as launch
@@ -265,3 +309,31 @@ def test_the_launcher_preflight_names_bad_lerobot_input_with_exit_3(tmp_path, ca
     err = capsys.readouterr().err
     assert problem in err and "preflight failed" in err, err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.fast
+def test_several_roots_only_for_lerobot():
+    cfg = RunConfig()
+    apply_overrides(cfg, {"data.path": "/a,/b"}, "test")
+    assert any("data.path" in p for p in violations(cfg, {}))
+    apply_overrides(cfg, {"data.format": "lerobot"}, "test")
+    assert violations(cfg, {}) == []
+
+
+@pytest.mark.heavy
+def test_several_roots_make_one_stream(written, tmp_path):
+    from trainer.config import load_config, parse_set
+    from trainer.data.stream import build_stream
+
+    a, b = tmp_path / "a" / "ds", tmp_path / "b" / "ds"
+    shutil.copytree(written[0], a)
+    shutil.copytree(written[0], b)
+    items = [f"data.path={a},{b}", "data.format=lerobot", f"data.cameras={FRONT}", "model.action_used=7",
+             "data.frames=3", "model.latent_size=2", "data.val_episodes=2"]  # fmt: skip
+    stream = build_stream(load_config("furniture_train", True, parse_set(items)), 0, 1)
+    assert stream.names[:3] == [f"0:ds/data/chunk-000/episode_00000{i}.parquet" for i in range(3)]
+    assert stream.names[3:] == [f"1:ds/data/chunk-000/episode_00000{i}.parquet" for i in range(3)]
+    assert len(stream.held_out) == 2 and stream.data_summary is not None and stream.data_summary.used == 6
+    assert stream.task_emb is not None and stream.task_emb.shape[0] == 4  # 2 tasks per root, appended
+    assert stream.episode_task == [0, 1, 0, 2, 3, 2]
+    assert (a / ".latents").is_dir() and (b / ".latents").is_dir()  # one cache per root

@@ -159,7 +159,11 @@ RULES: dict[str, Rule | Free] = {
     "recipe.action_rope": _one_of("reference", "aligned"),
     # data
     "data.dataset": _one_of(*DATASETS),
-    "data.path": Rule("a non-empty path (" + _PATHS + ")", lambda v, c: bool(v.strip()), ""),
+    "data.path": Rule(
+        "a non-empty path (" + _PATHS + "); several, comma-separated, only with data.format lerobot",
+        lambda v, c: bool(v.strip()) and ("," not in v or c.data.format == "lerobot"),
+        "",
+    ),
     "data.generate_if_missing": BOOL,
     "data.generated_episodes": POSITIVE,
     "data.generated_length": POSITIVE,

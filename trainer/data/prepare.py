@@ -278,7 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trainer.data.multiroot import data_roots, for_root
+
+    roots = data_roots(cfg)
     rank, world, barrier = _init_distributed()
+    for one in [for_root(cfg, root) for root in roots] if len(roots) > 1 else [cfg]:
+        code = _prepare_main(one, rank, world, barrier)
+        if code:
+            return code
+    return 0
+
+
+def _prepare_main(cfg, rank: int, world: int, barrier: Callable[[], None]) -> int:
+    """One root's preparation: its exit status (1 with one line on stderr when it failed)."""
 
     def log(line: str) -> None:
         print(line if world == 1 else f"[rank {rank}] {line}", flush=True)

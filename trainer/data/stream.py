@@ -326,8 +326,11 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
 
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
+    from trainer.data.multiroot import build_multi_stream, data_roots
     from trainer.data.prepare import data_root, ensure_cache
 
+    if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
+        return build_multi_stream(cfg, rank, world_size)
     log = _log(rank)
     ensure_dataset(cfg)
     tmp: Path | None = None

@@ -24,6 +24,15 @@ def inputs_check(cfg: RunConfig) -> list[str]:
 
 
 def _data_note(cfg: RunConfig) -> str:
+    from trainer.data.multiroot import data_roots, for_root
+
+    roots = data_roots(cfg)
+    if len(roots) > 1:
+        return "; ".join(_root_note(for_root(cfg, root)) for root in roots)
+    return _root_note(cfg)
+
+
+def _root_note(cfg: RunConfig) -> str:
     from trainer.data.location import resolve_data_path
     from trainer.data.sources import LEROBOT, data_format, discover_source, missing_episodes
 
