@@ -24,6 +24,7 @@ import numpy as np
 
 from trainer.data import upstream
 from trainer.data.cache import _npz_bytes, _write_bytes, fingerprint
+from trainer.data.furniturebench import DatasetError
 from trainer.data.lerobot import LeRobotInfo, mapped_stats, parse_action_map, read_episode
 
 STORAGE_DTYPE = np.float16
@@ -55,7 +56,12 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
                 if on_frames is not None:
                     on_frames(int(frames.shape[0]))
         arrays: dict[str, np.ndarray] = {f"latents__{c}": latents[c].astype(STORAGE_DTYPE) for c in cameras}
-        task_index = ds.tasks.index(episode.task) if episode.task in ds.tasks else 0
+        if episode.task not in ds.tasks:
+            raise DatasetError(
+                f"{ds.root / 'meta/tasks.jsonl'}: episode {episode.index}: task {episode.task!r} not listed;"
+                " meta/episodes.jsonl and tasks.jsonl disagree: rewrite them with lerobot"
+            )
+        task_index = ds.tasks.index(episode.task)
         arrays.update(actions=episode.actions, task_index=np.array(task_index))
         meta: dict[str, Any] = {
             "source": fingerprint(source),

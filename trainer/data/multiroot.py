@@ -3,7 +3,8 @@ trainer/config_rules.py refuses commas otherwise).
 
     roots = data_roots(cfg)                    # [Path], each resolved as trainer/data/location.py does
     one = for_root(cfg, root)                  # a copy of cfg whose data.path is that root alone
-    stream = build_multi_stream(cfg, rank, world_size)
+    parts = [...]                              # each root's load_cached (trainer/data/stream.py does it)
+    latents, actions, text, summary, names, normalised = combine(cfg, parts, log)
 
 Each root keeps its own latent cache (prepared and checked exactly as a single root's: manifest, staleness,
 resume); the stream concatenates their episodes. An episode's name (the held-out split's identifier) is
@@ -18,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,37 +55,29 @@ def _merge_text(texts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return merged
 
 
-def build_multi_stream(cfg, rank: int, world_size: int):
-    from trainer.data.prepare import announce, ensure_cache
-    from trainer.data.sources import discover_source, ensure_dataset
-    from trainer.data.stream import BatchStream, load_cached
-
-    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+def combine(cfg, parts: list[tuple], log: Callable[[str], None]) -> tuple:
+    """parts[k] = (latents, actions, text, summary, names, manifest) of root k (trainer/data/stream.py's
+    load_cached, plus the manifest) -> (latents, actions, text, summary, names, normalised) of them all."""
     if cfg.data.normalize != "fit":
         raise DatasetError(
             f"data.path={cfg.data.path}: several roots have one set of statistics each; "
             "set data.normalize=fit (quantiles of all training episodes) or train on one root"
         )
-    latents, actions, names, texts, summaries, normalised = [], [], [], [], [], set()
-    for k, root in enumerate(data_roots(cfg)):
-        one = for_root(cfg, root)
-        ensure_dataset(one)
-        directory, manifest = ensure_cache(one, rank, world_size, log)
-        found = discover_source(one, root)
-        lat, act, text, summary, own = load_cached(one, directory, manifest, found, lambda line: None)
-        latents += lat
-        actions += act
-        names += [f"{k}:{root.name}/{n}" for n in own]
-        texts.append(text)
-        summaries.append(summary)
-        normalised.add(manifest["spec"]["encoder"] != "patch_mean")
+    roots = data_roots(cfg)
+    latents = [x for part in parts for x in part[0]]
+    actions = [x for part in parts for x in part[1]]
+    texts = [part[2] for part in parts]
+    summaries = [part[3] for part in parts]
+    names = [f"{k}:{roots[k].name}/{n}" for k, part in enumerate(parts) for n in part[4]]
+    normalised = {part[5]["spec"]["encoder"] != "patch_mean" for part in parts}
     if not latents:
         raise DatasetError(f"data.path={cfg.data.path}: no usable episodes in any root")
-    if "task_emb" not in set.intersection(*(set(t) for t in texts)):
+    if not all("task_emb" in t for t in texts):
         raise DatasetError(f"data.path={cfg.data.path}: several roots are read for LeRobot datasets only")
-    first = summaries[0]
+    if len(normalised) > 1:
+        raise DatasetError(f"data.path={cfg.data.path}: the roots' caches were made with different encoders")
     summary = dataclasses.replace(
-        first, root=", ".join(s.root for s in summaries), found=sum(s.found for s in summaries),
+        summaries[0], root=", ".join(s.root for s in summaries), found=sum(s.found for s in summaries),
         used=sum(s.used for s in summaries),
         skipped=dict(sum((Counter(s.skipped) for s in summaries), Counter())),
         skipped_files=[f for s in summaries for f in s.skipped_files],
@@ -91,10 +85,6 @@ def build_multi_stream(cfg, rank: int, world_size: int):
         stand_ins=sorted({x for s in summaries for x in s.stand_ins}),
     )  # fmt: skip
     held = summary.split["held_out"] if summary.split else []
-    log(summary.describe() + f" over {len(summaries)} roots")
+    log(summary.describe() + f" over {len(parts)} roots")
     log(f"data: {len(held)} of {len(names)} episodes held out, never trained on: {', '.join(held)}")
-    announce(log, summary.stand_ins)
-    return BatchStream(
-        cfg, rank, world_size, latents, actions, _merge_text(texts), normalised=normalised == {True},
-        data_summary=summary, names=names, held_out=held,
-    )  # fmt: skip
+    return latents, actions, _merge_text(texts), summary, names, normalised == {True}

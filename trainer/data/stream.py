@@ -27,6 +27,7 @@ generator seeded by (seed, step, micro, rank).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import shutil
@@ -208,8 +209,7 @@ class BatchStream:
         """(B, L, D) prompt embeddings and (B, L) masks of these episodes (one prompt, or their tasks)."""
         if self.task_emb is None or self.task_mask is None:
             b = len(episodes)
-            return (self.text_emb.expand(b, *self.text_emb.shape).clone(),
-                    self.text_mask.expand(b, *self.text_mask.shape).clone())  # fmt: skip
+            return self.text_emb.expand(b, -1, -1).clone(), self.text_mask.expand(b, -1).clone()
         k = torch.tensor([self.episode_task[e] for e in episodes], dtype=torch.long)
         return self.task_emb[k].clone(), self.task_mask[k].clone()
 
@@ -224,12 +224,13 @@ class BatchStream:
     def clip_batch(self, episode: int, start: int) -> dict[str, torch.Tensor]:
         """The clean batch (B = 1) of one clip of any episode, held out or not."""
         frames, t = self.cfg.data.frames, self.apf
+        emb, mask = self._text([episode])
         return {
             "latents": self.latents[episode][start : start + frames].float()[None],
             "actions": self.actions[episode][start * t : (start + frames) * t][None],
             "action_mask": self.action_mask.clone(),
-            "text_emb": self._text([episode])[0],
-            "text_mask": self._text([episode])[1],
+            "text_emb": emb,
+            "text_mask": mask,
         }
 
     def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
@@ -246,10 +247,8 @@ class BatchStream:
     def describe(self) -> str:
         return (
             f"{len(self.latents)} episodes ({len(self.held_out)} held out), {len(self.clips)} training clips "
-            f"of {self.cfg.data.frames} "
-            f"latent frames x "
-            f"{self.apf} actions; {self.tokens_per_micro_batch} tokens per micro-batch "
-            f"(padded to {self.sequence_length})"
+            f"of {self.cfg.data.frames} latent frames x {self.apf} actions; "
+            f"{self.tokens_per_micro_batch} tokens per micro-batch (padded to {self.sequence_length})"
         )
 
 
@@ -326,18 +325,19 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
 
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
-    from trainer.data.multiroot import build_multi_stream, data_roots
+    from trainer.data.multiroot import data_roots
     from trainer.data.prepare import data_root, ensure_cache
 
-    if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
-        return build_multi_stream(cfg, rank, world_size)
     log = _log(rank)
+    if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
+        return _several_roots(cfg, rank, world_size, log)
     ensure_dataset(cfg)
     tmp: Path | None = None
     if not cfg.data.latent_cache:
         tmp = Path(tempfile.mkdtemp(prefix="lingbot-latents-"))
         log(f"data: data.latent_cache is off: encoding into a temporary cache {tmp} (removed after loading)")
-        cfg = _with_cache_root(cfg, tmp)
+        cfg = copy.deepcopy(cfg)
+        cfg.data.cache_dir = str(tmp)
     try:
         # A temporary cache is private to this rank (its own mkdtemp): the rank encodes it alone, with no
         # collective, instead of waiting on rank 0's copy that it cannot see.
@@ -369,12 +369,21 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     )
 
 
-def _with_cache_root(cfg, root: Path):
-    import copy
+def _several_roots(cfg, rank: int, world_size: int, log) -> BatchStream:
+    from trainer.data.multiroot import combine, data_roots, for_root
+    from trainer.data.prepare import announce, ensure_cache
 
-    cfg = copy.deepcopy(cfg)
-    cfg.data.cache_dir = str(root)
-    return cfg
+    parts = []
+    for root in data_roots(cfg):
+        one = for_root(cfg, root)
+        ensure_dataset(one)
+        directory, manifest = ensure_cache(one, rank, world_size, log)
+        found = discover_source(one, root)
+        parts.append((*load_cached(one, directory, manifest, found, lambda line: None), manifest))
+    latents, actions, text, summary, names, normalised = combine(cfg, parts, log)
+    announce(log, summary.stand_ins)
+    held = summary.split["held_out"] if summary.split else ()
+    return BatchStream(cfg, rank, world_size, latents, actions, text, normalised, summary, names, held)
 
 
 __all__ = [

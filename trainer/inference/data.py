@@ -43,11 +43,17 @@ def _names(manifest: dict, frames: int) -> list[str]:
 
 
 def load_episodes(cfg) -> EvalData:
+    from trainer.data.multiroot import data_roots
     from trainer.data.normalize import dataset_normalizer
     from trainer.data.prepare import data_root, ensure_cache
     from trainer.data.sources import discover_source
     from trainer.data.stream import BatchStream, ensure_dataset, load_cached
 
+    if len(data_roots(cfg)) > 1:
+        raise DatasetError(
+            f"data.path={cfg.data.path}: bin/evaluate reads one dataset root; pick one with "
+            "--set data.path=<root> (its held-out episodes are then that root's own split)"
+        )
     log = print
     ensure_dataset(cfg)
     directory, manifest = ensure_cache(cfg, 0, 1, log)
