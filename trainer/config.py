@@ -110,6 +110,11 @@ class DataConfig:
     cache_dir: str = ""  # put the cache here instead of next to the data (read-only datasets)
     # held-out episodes, never trained on (trainer/data/split.py): a count >= 1, a fraction in (0, 1), 0 = off
     val_episodes: float = 2
+    format: str = "auto"  # auto (lerobot when data.path holds meta/info.json) | furniturebench | lerobot
+    action_map: list[str] = field(default_factory=lambda: ["action"])  # LeRobot key, key[i], key[i:j] (docs)
+    action_slots: list[int] = field(default_factory=list)  # 30-channel slot per action ([]: ACTION_SLOTS)
+    normalize: str = "fit"  # fit (quantiles of the training episodes) | quantile | mean_std (dataset stats)
+    upstream_latents: str = "off"  # off | write | read: the reference's <root>/latents/ episode .pth files
 
 
 @dataclass

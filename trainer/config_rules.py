@@ -86,7 +86,16 @@ def _dim_ok(v: int, c: Any) -> bool:
 
 
 def _cameras_ok(v: list[str], c: Any) -> bool:
-    return 1 <= len(v) <= 3 and len(set(v)) == len(v) and all(cam in CAMERA_NAMES for cam in v)
+    """FurnitureBench: its view names; lerobot: feature keys (judged against info.json); auto: either, a
+    LeRobot key being dotted (observation.images.<name>)."""
+    fmt = c.data.format
+    names_ok = fmt == "lerobot" or all(cam in CAMERA_NAMES or (fmt == "auto" and "." in cam) for cam in v)
+    return 1 <= len(v) <= 3 and len(set(v)) == len(v) and all(v) and names_ok
+
+
+def _slots_ok(v: list[int], c: Any) -> bool:
+    n = c.model.action_dim
+    return not v or (len(set(v)) == len(v) and all(0 <= s < n for s in v) and len(v) >= c.model.action_used)
 
 
 def _betas_ok(v: list[float], c: Any) -> bool:
@@ -150,15 +159,20 @@ RULES: dict[str, Rule | Free] = {
     "recipe.action_rope": _one_of("reference", "aligned"),
     # data
     "data.dataset": _one_of(*DATASETS),
-    "data.path": Rule("a non-empty path (" + _PATHS + ")", lambda v, c: bool(v.strip()), ""),
+    "data.path": Rule(
+        "a non-empty path (" + _PATHS + "); several, comma-separated, only with data.format lerobot",
+        lambda v, c: bool(v.strip()) and ("," not in v or c.data.format == "lerobot"),
+        "",
+    ),
     "data.generate_if_missing": BOOL,
     "data.generated_episodes": POSITIVE,
     "data.generated_length": POSITIVE,
     "data.task": Free("a furniture name: judged against the episodes found (trainer/data/discovery.py)"),
     "data.cameras": Rule(
-        "1-3 distinct of "
+        "1-3 distinct names: of "
         + ", ".join(CAMERA_NAMES)
-        + " (which of them the files have is judged with the data)",
+        + " (data.format furniturebench), LeRobot feature keys (lerobot; dotted ones under auto); which of "
+        "them the files have is judged with the data",
         _cameras_ok,
         "[nope]",
     ),
@@ -182,6 +196,20 @@ RULES: dict[str, Rule | Free] = {
         lambda v, c: v == 0 or 0 < v < 1 or (v >= 1 and float(v).is_integer()),
         "1.5",
     ),
+    "data.format": _one_of("auto", "furniturebench", "lerobot"),
+    "data.action_map": Rule(
+        "a non-empty list of LeRobot columns or slices (key, key[i], key[i:j]; judged against info.json)",
+        lambda v, c: bool(v) and all(x.strip() for x in v),
+        "[]",
+    ),
+    "data.action_slots": Rule(
+        "[] (trainer/batch.py ACTION_SLOTS) or distinct channels in 0..model.action_dim-1, at least "
+        "model.action_used of them",
+        _slots_ok,
+        "[99]",
+    ),
+    "data.normalize": _one_of("fit", "quantile", "mean_std"),
+    "data.upstream_latents": _one_of("off", "write", "read"),
     # train
     "train.steps": POSITIVE,
     "train.grad_accum": POSITIVE,

@@ -64,24 +64,31 @@ class CacheSpec:
     task: str
     include_failed: bool
     version: int = FORMAT_VERSION
+    source: str = ""  # what else the entries depend on (LeRobot: trainer/data/lerobot_cache.py spec_source)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cameras"] = list(self.cameras)
+        if not self.source:
+            del d["source"]  # FurnitureBench caches made before the field keep their directory
         return d
 
 
-def make_spec(cfg, video: VideoEncoder, text: TextEncoder) -> CacheSpec:
+def make_spec(
+    cfg, video: VideoEncoder, text: TextEncoder, prompt: str | None = None, source: str = ""
+) -> CacheSpec:
+    """prompt/source: a LeRobot dataset's tasks (one per line) and its spec_source; data.prompt otherwise."""
     d = cfg.data
     return CacheSpec(
+        source=source,
         encoder=video.name,
         encoder_hash=config_hash(video.config()),
         text_encoder=text.name,
         text_hash=config_hash(text.config()),
-        prompt=d.prompt,
+        prompt=d.prompt if prompt is None else prompt,
         cameras=tuple(d.cameras),
         resolution=video.resolution,
         latent_side=video.latent_side,
@@ -210,8 +217,11 @@ def prepare_entries(
     world_size: int = 1,
     log: Callable[[str], None] = print,
     on_frames: Callable[[int], None] | None = None,
+    encode: Callable[..., dict[str, Any]] | None = None,
 ) -> tuple[int, int]:
-    """Encode this rank's share (i % world_size == rank) of `files`; returns (encoded, kept from before)."""
+    """Encode this rank's share (i % world_size == rank) of `files`; returns (encoded, kept from before).
+    encode: the entry writer (encode_episode_entry; a LeRobot dataset's from lerobot_cache.entry_encoder)."""
+    encode = encode or encode_episode_entry
     encoded = kept = 0
     for i, source in enumerate(files):
         if i % world_size != rank:
@@ -227,7 +237,7 @@ def prepare_entries(
         ):
             kept += 1
             continue
-        meta = encode_episode_entry(source, entry, spec, video, on_frames)
+        meta = encode(source, entry, spec, video, on_frames)
         encoded += 1
         status = meta["status"] if meta["status"] == "used" else f"skipped: {meta['reason']}"
         log(f"prepare[rank {rank}]: {source.relative_to(base)}: {status}")
@@ -286,6 +296,21 @@ def write_manifest(
     return manifest
 
 
+def _check_videos(root: Path, episodes: list[dict]) -> list[str]:
+    """Changed or missing videos of cached LeRobot episodes (their meta's "videos" fingerprints)."""
+    problems = []
+    for ep in episodes:
+        for rel, fp in (ep.get("videos") or {}).items():
+            path = root / rel
+            if not path.is_file():
+                problems.append(f"{rel}: video gone since it was cached")
+            elif path.stat().st_size != fp["size"]:
+                problems.append(f"{rel}: size {path.stat().st_size} != {fp['size']} when cached")
+            elif path.stat().st_mtime_ns != fp["mtime_ns"] and fingerprint(path)["sha256"] != fp["sha256"]:
+                problems.append(f"{rel}: content changed (sha256 differs) since it was cached")
+    return problems
+
+
 class StaleCache(DatasetError):
     """A cache that does not match its sources or its spec; the message names what differs."""
 
@@ -324,6 +349,7 @@ def check_manifest(now: Discovery, directory: Path, spec: CacheSpec) -> dict:
             problems.append(f"{rel}: content changed (sha256 differs) since it was cached")
         if len(problems) >= 5:
             break
+    problems += _check_videos(now.root, manifest["episodes"])[:5]
     if problems:
         raise StaleCache(f"{directory}: stale latent cache: {'; '.join(problems)}")
     return manifest

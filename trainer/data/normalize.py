@@ -1,7 +1,10 @@
 """Quantile action normalisation, as LingBot-VA does: q01 -> -1, q99 -> +1 per channel, clipped (1.5 there).
 
-Statistics come from the data (every action of every episode), so they are the same on every rank.
-A channel whose q01 and q99 coincide (e.g. a constant gripper) normalises to 0.
+Statistics come from the data (every action of every training episode: data.normalize fit), so they are the
+same on every rank. A channel whose q01 and q99 coincide (e.g. a constant gripper) normalises to 0.
+A LeRobot dataset's own statistics (meta/stats.json or episodes_stats.jsonl, recorded in the cache
+manifest's "lerobot" record) serve instead with data.normalize quantile (its q01/q99) or mean_std
+(MeanStdNormalizer: (x - mean) / std, clipped likewise): `dataset_normalizer`.
 """
 
 from __future__ import annotations
@@ -57,3 +60,36 @@ class QuantileNormalizer:
     def load(cls, path: Path) -> QuantileNormalizer:
         d = json.loads(Path(path).read_text())
         return cls(np.array(d["q01"], np.float32), np.array(d["q99"], np.float32))
+
+
+@dataclass
+class MeanStdNormalizer:
+    mean: np.ndarray  # (D,)
+    std: np.ndarray  # (D,)
+
+    def normalize(self, actions: np.ndarray, clip: float = 1.0) -> np.ndarray:
+        ok = self.std > DEGENERATE_RANGE
+        out = (actions - self.mean) / np.where(ok, self.std, 1.0)
+        return np.where(ok, np.clip(out, -clip, clip), 0.0).astype(np.float32)
+
+    def denormalize(self, normalized: np.ndarray) -> np.ndarray:
+        ok = self.std > DEGENERATE_RANGE
+        return np.where(ok, np.asarray(normalized) * self.std + self.mean, self.mean).astype(np.float32)
+
+
+def dataset_normalizer(cfg, manifest: dict, directory: Path) -> QuantileNormalizer | MeanStdNormalizer | None:
+    """The normaliser data.normalize asks for from the dataset's statistics; None for fit (the stream fits).
+    ValueError naming the manifest and the fix when the dataset has no such statistics."""
+    how = cfg.data.normalize
+    if how == "fit":
+        return None
+    stats = (manifest.get("lerobot") or {}).get("stats") or {}
+    need = {"quantile": ("q01", "q99"), "mean_std": ("mean", "std")}[how]
+    if not all(k in stats for k in need):
+        raise ValueError(
+            f"{directory / 'manifest.json'}: data.normalize={how} needs the dataset's {'/'.join(need)} "
+            f"statistics (a LeRobot dataset's meta/stats.json or episodes_stats.jsonl has {sorted(stats)}); "
+            "set data.normalize=fit to compute quantiles from the training episodes"
+        )
+    a, b = (np.asarray(stats[k], np.float32) for k in need)
+    return QuantileNormalizer(a, b) if how == "quantile" else MeanStdNormalizer(a, b)

@@ -39,9 +39,10 @@ from trainer.data.cache import (
     write_manifest,
     write_text,
 )
-from trainer.data.discovery import Discovery, discover
+from trainer.data.discovery import Discovery
 from trainer.data.encoder import VideoEncoder, make_encoder
 from trainer.data.furniturebench import CAMERAS, DatasetError
+from trainer.data.sources import LEROBOT, data_format, discover_source
 from trainer.data.text import TextEncoder, make_text_encoder
 from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space
 
@@ -49,8 +50,10 @@ STAND_IN_BANNER = "!" * 100
 
 
 def check_data_config(cfg) -> None:
-    """data.cameras: 1-3 distinct views of color_image1/2/3."""
+    """data.cameras: 1-3 distinct views of color_image1/2/3 (FurnitureBench; LeRobot: checked in _setup)."""
     cams = list(cfg.data.cameras)
+    if data_format(cfg, data_root(cfg)) == LEROBOT:
+        return
     if not 1 <= len(cams) <= 3 or len(set(cams)) != len(cams) or not set(cams) <= set(CAMERAS):
         raise DatasetError(
             f"data.cameras={cams!r}: choose 1-3 distinct views of {', '.join(CAMERAS)} "
@@ -103,6 +106,24 @@ def data_root(cfg) -> Path:
     return resolve_data_path(cfg)
 
 
+def _setup(cfg) -> tuple[Discovery, VideoEncoder, TextEncoder, Any, Any]:
+    """(episodes found, video encoder, text encoder, cache spec, the LeRobot dataset's meta or None)."""
+    check_data_config(cfg)
+    root = data_root(cfg)
+    found = discover_source(cfg, root)
+    video, text = make_encoder(cfg), make_text_encoder(cfg)
+    if data_format(cfg, root) != LEROBOT or not found.files:
+        return found, video, text, make_spec(cfg, video, text), None
+    from trainer.data import lerobot
+    from trainer.data.lerobot_cache import spec_source
+
+    ds = lerobot.load(root)
+    if cfg.data.upstream_latents != "read":
+        lerobot.check_cameras(ds, list(cfg.data.cameras))
+    lerobot.parse_action_map(ds, list(cfg.data.action_map))
+    return found, video, text, make_spec(cfg, video, text, "\n".join(ds.tasks), spec_source(cfg)), ds
+
+
 def prepare(
     cfg,
     rank: int = 0,
@@ -111,11 +132,13 @@ def prepare(
     log: Callable[[str], None] = print,
 ) -> Prepared:
     """Encode this rank's share, wait for every rank, then rank 0 writes text.npz and the manifest."""
-    check_data_config(cfg)
-    found = discover(data_root(cfg), cfg.data.task)
-    video, text = make_encoder(cfg), make_text_encoder(cfg)
-    spec = make_spec(cfg, video, text)
+    found, video, text, spec, ds = _setup(cfg)
     directory = cache_dir(found.root, spec, cfg.data.cache_dir)
+    encode = None
+    if ds is not None:
+        from trainer.data.lerobot_cache import entry_encoder
+
+        encode = entry_encoder(cfg, ds, video, text)
     if rank == 0:
         announce(log, stand_ins(video, text))
         log(f"prepare: {len(found.files)} episode files under {found.root} ({found.layout}) -> {directory}")
@@ -131,12 +154,19 @@ def prepare(
         world_size,
         log,
         on_frames=lambda n: frames.__setitem__(0, frames[0] + n),
+        encode=encode,
     )
     seconds = time.perf_counter() - started
     barrier()
     if rank == 0:
-        write_text(directory, text, cfg.data.prompt)
         extra = {"stand_ins": stand_ins(video, text), "layout": found.layout, "root": str(found.root)}
+        if ds is None:
+            write_text(directory, text, cfg.data.prompt)
+        else:
+            from trainer.data.lerobot_cache import manifest_extra, write_task_text
+
+            write_task_text(directory, text, ds)
+            extra.update(manifest_extra(cfg, ds))
         write_manifest(
             found.root, found, directory, spec, extra, split=(cfg.data.val_episodes, cfg.data.frames)
         )
@@ -207,10 +237,7 @@ def ensure_cache(cfg, rank: int, world_size: int, log: Callable[[str], None] = p
     A preparation that fails on rank 0 (out of space, a bad episode) fails on every rank, never a hang:
     every rank reaches the same agreement whatever rank 0's preparation did.
     """
-    check_data_config(cfg)
-    found = discover(data_root(cfg), cfg.data.task)
-    video, text = make_encoder(cfg), make_text_encoder(cfg)
-    spec = make_spec(cfg, video, text)
+    found, video, text, spec, _ = _setup(cfg)
     directory = cache_dir(found.root, spec, cfg.data.cache_dir)
     group = _long_group(world_size)
     failure: BaseException | None = None
@@ -251,7 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from trainer.data.multiroot import data_roots, for_root
+
+    roots = data_roots(cfg)
     rank, world, barrier = _init_distributed()
+    for one in [for_root(cfg, root) for root in roots] if len(roots) > 1 else [cfg]:
+        code = _prepare_main(one, rank, world, barrier)
+        if code:
+            return code
+    return 0
+
+
+def _prepare_main(cfg, rank: int, world: int, barrier: Callable[[], None]) -> int:
+    """One root's preparation: its exit status (1 with one line on stderr when it failed)."""
 
     def log(line: str) -> None:
         print(line if world == 1 else f"[rank {rank}] {line}", flush=True)
@@ -260,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         result = prepare(cfg, rank, world, barrier, log)
         manifest_dir = result.directory
         if rank == 0:
-            found = discover(data_root(cfg), cfg.data.task)
-            check_manifest(found, manifest_dir, make_spec(cfg, result.video, result.text))
+            found, _, _, spec, _ = _setup(cfg)
+            check_manifest(found, manifest_dir, spec)
     except OutOfSpace as exc:  # the cache is the only thing prepare writes: one line, no traceback
         print(f"prepare: {exc.line()}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ generator seeded by (seed, step, micro, rank).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import shutil
@@ -41,11 +42,11 @@ import torch
 
 from trainer.batch import ACTION_SLOTS, CleanBatch
 from trainer.data.cache import cache_dir
-from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery, discover
+from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
-from trainer.data.generate import generate_dataset
-from trainer.data.location import dataset_lock, resolve_data_path
-from trainer.data.normalize import QuantileNormalizer
+from trainer.data.location import resolve_data_path
+from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
+from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.split import SplitError, split_record
 from trainer.masks import SequenceShape, sequence_shape
 from trainer.recipe import EmptyText, draw_micro_batch
@@ -61,45 +62,6 @@ BATCH_KEYS = {
     "sample_index": "(B,) int64 global clip index (episode-major), for checks and logs",
     "...": "the recipe's draws: see trainer/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
 }
-
-
-def ensure_dataset(cfg) -> list[Path]:
-    """Episode files of cfg.data.task under cfg.data.path, generating them first when allowed."""
-    root, task = resolve_data_path(cfg), cfg.data.task
-    files = discover(root, task).files
-    if files:
-        return files
-    if not cfg.data.generate_if_missing:
-        raise DatasetError(missing_episodes(cfg, root) or "")
-    with dataset_lock(root):
-        files = discover(root, task).files  # another rank may have generated meanwhile
-        if not files:
-            problem = missing_episodes(cfg, root)
-            if problem:
-                raise DatasetError(problem)
-            generate_dataset(
-                root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
-            )
-            files = discover(root, task).files
-    return files
-
-
-def missing_episodes(cfg, root: Path) -> str | None:
-    """Why `root`, which holds no episodes of data.task, cannot get them (None: they may be generated).
-    The launcher's preflight asks this too (trainer/launcher/inputs.py)."""
-    task = cfg.data.task
-    if not cfg.data.generate_if_missing:
-        return (
-            f"{root}: no {task} episodes ({task}/<timestamp>/<timestamp>.pkl, <timestamp>/<timestamp>.pkl "
-            f"or *.pkl; data.generate_if_missing is off); generate some with "
-            f"`python -m trainer.data.generate {root} --episodes N --task {task}` or fix data.path"
-        )
-    if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
-        return (
-            f"{root}: the directory exists but holds no {task} episodes (looked for {task}/, "
-            f"timestamped collector folders and *.pkl); point data.path elsewhere or set data.task"
-        )
-    return None
 
 
 def _seeded(*parts: int) -> torch.Generator:
@@ -120,6 +82,7 @@ class BatchStream:
         data_summary: DatasetSummary | None = None,
         names: list[str] | None = None,
         held_out: Sequence[str] = (),
+        normalizer=None,
     ):
         """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8).
 
@@ -148,14 +111,15 @@ class BatchStream:
             mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
             std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
             self.latents = [torch.from_numpy((x.astype(np.float32) - mean) / std) for x in latents]
-        self.normalizer = QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
+        # data.normalize fit: quantiles of the training episodes; else the dataset's own (build_stream)
+        self.normalizer = normalizer or QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
         adim, used = cfg.model.action_dim, cfg.model.action_used
         if used > actions[0].shape[1]:
             raise DatasetError(
                 f"{resolve_data_path(cfg)}: actions: episodes have {actions[0].shape[1]} action channels, "
                 f"model.action_used={used} wants more"
             )
-        slots = list(ACTION_SLOTS[:used])
+        slots = list(cfg.data.action_slots or ACTION_SLOTS)[:used]  # the 30-channel layout's channels
         clip = float(getattr(getattr(cfg, "recipe", None), "action_clip", ACTION_CLIP))
         self.actions = []
         for e, a in enumerate(actions):
@@ -167,15 +131,7 @@ class BatchStream:
         self.action_mask = torch.zeros(adim, dtype=torch.bool)
         self.action_mask[slots] = True
 
-        if text is None:
-            dim = int(getattr(cfg.model, "text_dim", 4096))
-            zeros = np.zeros((cfg.data.text_length, dim), np.float32)
-            mask = np.zeros(cfg.data.text_length, bool)
-            text = dict(prompt_emb=zeros, prompt_mask=mask, empty_emb=zeros, empty_mask=mask)
-        self.text_emb = torch.from_numpy(np.ascontiguousarray(text["prompt_emb"], dtype=np.float32))
-        self.text_mask = torch.from_numpy(np.ascontiguousarray(text["prompt_mask"], dtype=bool))
-        self.empty_emb = torch.from_numpy(np.ascontiguousarray(text["empty_emb"], dtype=np.float32))
-        self.empty_mask = torch.from_numpy(np.ascontiguousarray(text["empty_mask"], dtype=bool))
+        self._set_text(text)
 
         # every training clip: `frames` consecutive latent frames and their frames * t actions
         self.clips = [(e, s) for e in train for s in range(0, self.latents[e].shape[0] - frames + 1)]
@@ -187,6 +143,24 @@ class BatchStream:
             )
         self.tokens_per_micro_batch = self.shape.tokens(self.batch_size)
         self.sequence_length = self.shape.padded_tokens(self.batch_size, cfg.model.attn_block)
+
+    def _set_text(self, text: dict[str, np.ndarray] | None) -> None:
+        """The prompt embedding (zeros without one), the empty prompt, and the per-episode tasks if any."""
+        cfg = self.cfg
+        if text is None:
+            dim = int(getattr(cfg.model, "text_dim", 4096))
+            zeros = np.zeros((cfg.data.text_length, dim), np.float32)
+            mask = np.zeros(cfg.data.text_length, bool)
+            text = dict(prompt_emb=zeros, prompt_mask=mask, empty_emb=zeros, empty_mask=mask)
+        self.text_emb = torch.from_numpy(np.ascontiguousarray(text["prompt_emb"], dtype=np.float32))
+        self.text_mask = torch.from_numpy(np.ascontiguousarray(text["prompt_mask"], dtype=bool))
+        self.empty_emb = torch.from_numpy(np.ascontiguousarray(text["empty_emb"], dtype=np.float32))
+        self.empty_mask = torch.from_numpy(np.ascontiguousarray(text["empty_mask"], dtype=bool))
+        self.task_emb = self.task_mask = None  # per-episode prompts (LeRobot tasks): (K, L, D), (K, L)
+        if "episode_task" in text:
+            self.task_emb = torch.from_numpy(np.ascontiguousarray(text["task_emb"], dtype=np.float32))
+            self.task_mask = torch.from_numpy(np.ascontiguousarray(text["task_mask"], dtype=bool))
+            self.episode_task = [int(k) for k in text["episode_task"]]
 
     def _split(self, n: int, names: list[str] | None, held_out: Sequence[str]) -> list[int]:
         """Set self.names and self.held_out (episode indices); return the training episodes' indices."""
@@ -222,14 +196,22 @@ class BatchStream:
             e, s = self.clips[i]
             lat.append(self.latents[e][s : s + frames].float())
             act.append(self.actions[e][s * t : (s + frames) * t])
-        b = len(idx)
+        emb, mask = self._text([self.clips[i][0] for i in idx])
         return {
             "latents": torch.stack(lat),
             "actions": torch.stack(act),
             "action_mask": self.action_mask.clone(),
-            "text_emb": self.text_emb.expand(b, *self.text_emb.shape).clone(),
-            "text_mask": self.text_mask.expand(b, *self.text_mask.shape).clone(),
+            "text_emb": emb,
+            "text_mask": mask,
         }
+
+    def _text(self, episodes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L, D) prompt embeddings and (B, L) masks of these episodes (one prompt, or their tasks)."""
+        if self.task_emb is None or self.task_mask is None:
+            b = len(episodes)
+            return self.text_emb.expand(b, -1, -1).clone(), self.text_mask.expand(b, -1).clone()
+        k = torch.tensor([self.episode_task[e] for e in episodes], dtype=torch.long)
+        return self.task_emb[k].clone(), self.task_mask[k].clone()
 
     def val_clips(self) -> list[tuple[int, int]]:
         """(episode, first latent frame) of every held-out clip: non-overlapping windows of data.frames
@@ -242,12 +224,13 @@ class BatchStream:
     def clip_batch(self, episode: int, start: int) -> dict[str, torch.Tensor]:
         """The clean batch (B = 1) of one clip of any episode, held out or not."""
         frames, t = self.cfg.data.frames, self.apf
+        emb, mask = self._text([episode])
         return {
             "latents": self.latents[episode][start : start + frames].float()[None],
             "actions": self.actions[episode][start * t : (start + frames) * t][None],
             "action_mask": self.action_mask.clone(),
-            "text_emb": self.text_emb[None].clone(),
-            "text_mask": self.text_mask[None].clone(),
+            "text_emb": emb,
+            "text_mask": mask,
         }
 
     def micro_batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
@@ -264,10 +247,8 @@ class BatchStream:
     def describe(self) -> str:
         return (
             f"{len(self.latents)} episodes ({len(self.held_out)} held out), {len(self.clips)} training clips "
-            f"of {self.cfg.data.frames} "
-            f"latent frames x "
-            f"{self.apf} actions; {self.tokens_per_micro_batch} tokens per micro-batch "
-            f"(padded to {self.sequence_length})"
+            f"of {self.cfg.data.frames} latent frames x {self.apf} actions; "
+            f"{self.tokens_per_micro_batch} tokens per micro-batch (padded to {self.sequence_length})"
         )
 
 
@@ -284,6 +265,7 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
     actions: list[np.ndarray] = []
     skipped: list[tuple[Path, str]] = []
     notes: Counter[str] = Counter()
+    tasks: list[int] = []
     for ep in manifest["episodes"]:
         source = found.root / ep["file"]
         if ep["status"] != "used":
@@ -300,8 +282,11 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
             latents.append(np.concatenate([v[:n] for v in views], axis=-1))
             actions.append(z["actions"])
             names.append(ep["file"])
+            tasks.append(int(ep.get("task_index", 0)))
     with np.load(directory / "text.npz", allow_pickle=False) as z:
         text = {k: z[k] for k in z.files}
+    if "task_emb" in text:  # a LeRobot dataset: the prompt per episode (its task)
+        text["episode_task"] = np.array(tasks, np.int64)
     spec = manifest["spec"]
     summary = DatasetSummary.of(
         found,
@@ -340,22 +325,26 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
 
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
+    from trainer.data.multiroot import data_roots
     from trainer.data.prepare import data_root, ensure_cache
 
     log = _log(rank)
+    if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
+        return _several_roots(cfg, rank, world_size, log)
     ensure_dataset(cfg)
     tmp: Path | None = None
     if not cfg.data.latent_cache:
         tmp = Path(tempfile.mkdtemp(prefix="lingbot-latents-"))
         log(f"data: data.latent_cache is off: encoding into a temporary cache {tmp} (removed after loading)")
-        cfg = _with_cache_root(cfg, tmp)
+        cfg = copy.deepcopy(cfg)
+        cfg.data.cache_dir = str(tmp)
     try:
         # A temporary cache is private to this rank (its own mkdtemp): the rank encodes it alone, with no
         # collective, instead of waiting on rank 0's copy that it cannot see.
         directory, manifest = (
             ensure_cache(cfg, 0, 1, log) if tmp is not None else ensure_cache(cfg, rank, world_size, log)
         )
-        found = discover(data_root(cfg), cfg.data.task)
+        found = discover_source(cfg, data_root(cfg))
         try:
             latents, actions, text, summary, names = load_cached(cfg, directory, manifest, found, log)
         except SplitError as exc:
@@ -376,15 +365,32 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         data_summary=summary,
         names=names,
         held_out=summary.split["held_out"] if summary.split else (),
+        normalizer=dataset_normalizer(cfg, manifest, directory),
     )
 
 
-def _with_cache_root(cfg, root: Path):
-    import copy
+def _several_roots(cfg, rank: int, world_size: int, log) -> BatchStream:
+    from trainer.data.multiroot import combine, data_roots, for_root
+    from trainer.data.prepare import announce, ensure_cache
 
-    cfg = copy.deepcopy(cfg)
-    cfg.data.cache_dir = str(root)
-    return cfg
+    parts = []
+    for root in data_roots(cfg):
+        one = for_root(cfg, root)
+        ensure_dataset(one)
+        directory, manifest = ensure_cache(one, rank, world_size, log)
+        found = discover_source(one, root)
+        parts.append((*load_cached(one, directory, manifest, found, lambda line: None), manifest))
+    latents, actions, text, summary, names, normalised = combine(cfg, parts, log)
+    announce(log, summary.stand_ins)
+    held = summary.split["held_out"] if summary.split else ()
+    return BatchStream(cfg, rank, world_size, latents, actions, text, normalised, summary, names, held)
 
 
-__all__ = ["BatchStream", "build_stream", "cache_dir", "ensure_dataset", "resolve_data_path"]
+__all__ = [
+    "BatchStream",
+    "build_stream",
+    "cache_dir",
+    "ensure_dataset",
+    "missing_episodes",
+    "resolve_data_path",
+]

@@ -43,20 +43,28 @@ def _names(manifest: dict, frames: int) -> list[str]:
 
 
 def load_episodes(cfg) -> EvalData:
-    from trainer.data.discovery import discover
+    from trainer.data.multiroot import data_roots
+    from trainer.data.normalize import dataset_normalizer
     from trainer.data.prepare import data_root, ensure_cache
+    from trainer.data.sources import discover_source
     from trainer.data.stream import BatchStream, ensure_dataset, load_cached
 
+    if len(data_roots(cfg)) > 1:
+        raise DatasetError(
+            f"data.path={cfg.data.path}: bin/evaluate reads one dataset root; pick one with "
+            "--set data.path=<root> (its held-out episodes are then that root's own split)"
+        )
     log = print
     ensure_dataset(cfg)
     directory, manifest = ensure_cache(cfg, 0, 1, log)
-    found = discover(data_root(cfg), cfg.data.task)
-    latents, actions, text, _ = load_cached(cfg, directory, manifest, found, log)
+    found = discover_source(cfg, data_root(cfg))
+    latents, actions, text, _, _ = load_cached(cfg, directory, manifest, found, log)
     names = _names(manifest, cfg.data.frames)
     if not latents or len(names) != len(latents):
         raise DatasetError(f"{directory}: {len(latents)} usable episodes, {len(names)} named in its manifest")
     normalised = manifest["spec"]["encoder"] != "patch_mean"
-    stream = BatchStream(cfg, 0, 1, latents, actions, text, normalised=normalised)
+    normalizer = dataset_normalizer(cfg, manifest, directory)
+    stream = BatchStream(cfg, 0, 1, latents, actions, text, normalised=normalised, normalizer=normalizer)
     grid = tuple(stream.latents[0].shape[1:])
     m = cfg.model
     if grid[0] != m.latent_channels:
@@ -69,7 +77,7 @@ def load_episodes(cfg) -> EvalData:
         latents=[x.float() for x in stream.latents],
         actions=list(stream.actions),
         normalizer=stream.normalizer,
-        slots=tuple(ACTION_SLOTS[: m.action_used]),
+        slots=tuple(list(cfg.data.action_slots or ACTION_SLOTS)[: m.action_used]),
         action_mask=stream.action_mask,
         prompt_emb=stream.text_emb,
         empty_emb=stream.empty_emb,

@@ -3,7 +3,8 @@
 Values judgeable without them are trainer/config_rules.py's (exit 2, before this). Here, without reading
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
-  as the ranks' trainer/data/stream.py ensure_dataset: `missing_episodes`);
+  as the ranks' trainer/data/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's meta/,
+  cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and videos;
 - weights: model.pretrained's files hold exactly the tensors, by name and shape, of the model its
   config.json describes (safetensors headers against the model built on the meta device; the same
   check_layout the ranks' strict load runs).
@@ -23,18 +24,59 @@ def inputs_check(cfg: RunConfig) -> list[str]:
 
 
 def _data_note(cfg: RunConfig) -> str:
-    from trainer.data.discovery import discover
+    from trainer.data.multiroot import data_roots, for_root
+
+    roots = data_roots(cfg)
+    if len(roots) > 1:
+        return "; ".join(_root_note(for_root(cfg, root)) for root in roots)
+    return _root_note(cfg)
+
+
+def _root_note(cfg: RunConfig) -> str:
     from trainer.data.location import resolve_data_path
-    from trainer.data.stream import missing_episodes
+    from trainer.data.sources import LEROBOT, data_format, discover_source, missing_episodes
 
     root = resolve_data_path(cfg)
-    files = discover(root, cfg.data.task).files
+    if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():
+        return _lerobot_note(cfg, root)
+    files = discover_source(cfg, root).files
     problem = missing_episodes(cfg, root) if not files else None
     if problem:
         raise PreflightError(problem)
     if files:
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
+
+
+def _lerobot_note(cfg: RunConfig, root) -> str:
+    """A LeRobot dataset: meta/ readable, cameras and action columns in info.json, codecs decodable, every
+    listed episode's parquet (and, unless data.upstream_latents=read, videos) present."""
+    from trainer.data import lerobot
+    from trainer.data.furniturebench import DatasetError
+
+    try:
+        ds = lerobot.load(root)
+        if not ds.episodes:
+            raise DatasetError(f"{root / 'meta/episodes.jsonl'}: lists no episodes; record some with lerobot")
+        cams = list(cfg.data.cameras)
+        if cfg.data.upstream_latents != "read":
+            lerobot.check_cameras(ds, cams)
+        lerobot.parse_action_map(ds, list(cfg.data.action_map))
+        for e in ds.episodes:
+            index = int(e["episode_index"])
+            if not ds.parquet(index).is_file():
+                raise DatasetError(
+                    f"{ds.parquet(index)}: episode {index}'s parquet missing (meta/episodes.jsonl lists it)"
+                    "; restore it or remove the episode from meta/"
+                )
+            for cam in cams if cfg.data.upstream_latents != "read" else []:
+                if ds.features[cam]["dtype"] == "video" and not ds.video(index, cam).is_file():
+                    raise DatasetError(
+                        f"{ds.video(index, cam)}: video of episode {index}, camera {cam} missing"
+                    )
+    except DatasetError as exc:
+        raise PreflightError(str(exc)) from exc
+    return f"data: {len(ds.episodes)} episode(s) of the {ds.layout} dataset {root}, cameras {', '.join(cams)}"
 
 
 def _weights_notes(cfg: RunConfig) -> list[str]:

@@ -1,0 +1,100 @@
+"""A cached, test-only environment holding the `lerobot==0.3.3` dataset writer (the release upstream
+LingBot-VA used; it writes LeRobot's v2.1 layout), so the tests read datasets that LeRobot itself wrote.
+
+    site = lerobot_site()                       # ~/.cache/lingbot-fixtures/lerobot-0.3.3-<pins hash>/site
+    run_writer(script, args, site)              # the tool env's python with `site` first on PYTHONPATH
+
+Never a product dependency. `pip install --target site --no-deps` of lerobot and ONLY what its writer
+(`LeRobotDataset.create`, `add_frame`, `save_episode`, and the modules they import) needs, every one
+pinned (PINS); torch 2.13.0 (CPU here), numpy, Pillow, av, ... are the tool env's own, so nothing pulls a
+CUDA torch. torchvision, imported but not called by the writer, is a stand-in module in
+tests/support/lerobot_write.py (PyPI's 0.28.0 is the CUDA build; its ops do not load beside the CPU torch).
+lerobot's declared requirements (torch<2.8, wandb, rerun-sdk, gymnasium, ...) are not
+installed: the writer does not import them. huggingface_hub and fsspec are pinned to the versions
+datasets 3.6.0 accepts; they shadow the tool env's only in the writer's process. Built into a temporary
+folder and renamed into place (a killed build is never reused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .toolchain import default_cache_root
+
+PINS = (
+    "lerobot==0.3.3",
+    "datasets==3.6.0",  # lerobot 0.3.3: datasets<=3.6.0
+    "huggingface_hub==0.35.3",  # lerobot 0.3.3: >=0.34.2 (datasets 3.6 predates huggingface_hub 1.x)
+    "fsspec==2025.3.0",  # datasets 3.6.0: fsspec<=2025.3.0
+    "pyarrow==21.0.0",
+    "pandas==2.3.3",
+    "python-dateutil==2.9.0.post0",
+    "pytz==2025.2",
+    "tzdata==2025.2",
+    "six==1.17.0",
+    "dill==0.3.8",
+    "multiprocess==0.70.16",
+    "xxhash==3.6.0",
+    "jsonlines==4.0.0",
+    "attrs==25.4.0",
+)
+
+
+class LerobotEnvError(RuntimeError):
+    pass
+
+
+def lerobot_site(cache_root: Path | None = None) -> Path:
+    """The site folder holding the writer (built on first use; about a minute with a warm pip cache)."""
+    cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
+    digest = hashlib.sha256("\n".join(PINS).encode()).hexdigest()[:12]
+    final = cache_root / f"lerobot-0.3.3-{digest}"
+    if (final / "site" / "lerobot").is_dir():
+        return final / "site"
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".lerobot-build-", dir=cache_root))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+             "--target", str(tmp / "site"), *PINS],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise LerobotEnvError(f"pip install --target ... {' '.join(PINS)} failed:\n{proc.stderr[-3000:]}")
+        (tmp / "PINS").write_text("\n".join(PINS) + "\n")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "site" / "lerobot").is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final / "site"
+
+
+def writer_env(site: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH", "")])])
+    env["HF_HUB_OFFLINE"] = "1"
+    env["HF_DATASETS_OFFLINE"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_writer(script: Path, args: list[str], site: Path, timeout: float = 300) -> str:
+    """Run a writer script with lerobot importable; its stdout (a failure raises with its output)."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], env=writer_env(site), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise LerobotEnvError(
+            f"{script.name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        )
+    return proc.stdout

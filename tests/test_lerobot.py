@@ -1,0 +1,339 @@
+"""LeRobot datasets in (trainer/data/lerobot.py, lerobot_cache.py, upstream.py, video.py): meta parsing
+and bad input on hand-written meta/ (fast), and datasets written by lerobot 0.3.3 itself
+(tests/support/lerobot_env.py: cached test-only environment) decoded, prepared with the tiny
+AutoencoderKLWan/UMT5, written to and read from the reference's latents/ layout, trained 2 steps (heavy)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support import runs
+from tests.support.lerobot_env import lerobot_site, run_writer
+from trainer.config import RunConfig, apply_overrides
+from trainer.config_rules import violations
+from trainer.data import lerobot
+from trainer.data.furniturebench import DatasetError
+
+FRONT, WRIST, STILL = "observation.images.front", "observation.images.wrist", "observation.images.still"
+
+
+def _meta(root: Path, version="v2.1", codec="av1", stats=True) -> Path:
+    (root / "meta").mkdir(parents=True)
+    video = {"dtype": "video", "shape": [8, 8, 3], "info": {"video.codec": codec}}
+    info = {
+        "codebase_version": version, "fps": 10, "chunks_size": 1000,
+        "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
+        "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
+        "features": {FRONT: video, "action": {"dtype": "float32", "shape": [3]},
+                     "observation.state": {"dtype": "float32", "shape": [2]}},
+    }  # fmt: skip
+    (root / "meta/info.json").write_text(json.dumps(info))
+    eps = [{"episode_index": i, "tasks": [f"task {i % 2}"], "length": 5} for i in range(2)]
+    (root / "meta/episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    (root / "meta/tasks.jsonl").write_text(
+        '{"task_index": 0, "task": "task 0"}\n{"task_index": 1, "task": "task 1"}\n'
+    )
+    if stats:
+        rows = [
+            {"episode_index": 0, "stats": {"action": {"mean": [0, 1, 2], "std": [1, 1, 1], "min": [-1] * 3,
+                                                       "max": [3] * 3, "count": [10]}}},
+            {"episode_index": 1, "stats": {"action": {"mean": [2, 1, 2], "std": [1, 2, 0], "min": [-2] * 3,
+                                                       "max": [4] * 3, "count": [30]}}},
+        ]  # fmt: skip
+        (root / "meta/episodes_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+@pytest.mark.fast
+def test_meta_parsing_action_map_and_pooled_stats(tmp_path):
+    ds = lerobot.load(_meta(tmp_path / "ds"))
+    assert ds.tasks == ["task 0", "task 1"] and [p.name for p in ds.files()] == [
+        "episode_000000.parquet", "episode_000001.parquet"]  # fmt: skip
+    assert lerobot.parse_action_map(ds, ["action[1:3]", "observation.state[0]"]) == [
+        ("action", 1), ("action", 2), ("observation.state", 0)]  # fmt: skip
+    stats = lerobot.mapped_stats(ds, lerobot.parse_action_map(ds, ["action"]))
+    assert np.allclose(stats["mean"], [1.5, 1.0, 2.0])  # weighted by count 10 : 30
+    # pooled: E[x^2] - mean^2 over both episodes (channel 0: 0.25 (1 + 0) + 0.75 (1 + 4) - 1.5^2 = 1.75)
+    assert np.allclose(stats["std"], np.sqrt([1.75, 0.25 * 1 + 0.75 * 4 + 1 - 1, 0.25 * 5 + 0.75 * 4 - 4]))
+    assert stats["min"] == [-2.0] * 3 and stats["max"] == [4.0] * 3
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "entries, problem",
+    [(["nope"], "'nope' (data.action_map) is not a numeric feature"), (["action[5]"], "action has 3 values"),
+     ([FRONT], "is not a numeric feature"), (["action[1"], "write `key`, `key[i]` or `key[i:j]`")],
+)  # fmt: skip
+def test_bad_action_map_is_named(tmp_path, entries, problem):
+    ds = lerobot.load(_meta(tmp_path / "ds"))
+    with pytest.raises(DatasetError) as exc:
+        lerobot.parse_action_map(ds, entries)
+    assert problem in str(exc.value)
+
+
+@pytest.mark.fast
+def test_camera_not_in_info_json_and_codec_without_decoder_are_named(tmp_path):
+    ds = lerobot.load(_meta(tmp_path / "a"))
+    with pytest.raises(DatasetError) as exc:
+        lerobot.check_cameras(ds, ["observation.images.top"])
+    assert "meta/info.json" in str(exc.value) and f"set data.cameras to some of {FRONT}" in str(exc.value)
+    ds = lerobot.load(_meta(tmp_path / "b", codec="nocodec9"))
+    with pytest.raises(DatasetError) as exc:
+        lerobot.check_cameras(ds, [FRONT])
+    assert "codec 'nocodec9'" in str(exc.value) and "re-encode the videos" in str(exc.value)
+
+
+@pytest.mark.fast
+def test_v3_layout_and_missing_stats_refused_with_the_fix(tmp_path):
+    with pytest.raises(DatasetError, match="v3.0 layout .* is not read yet"):
+        lerobot.load(_meta(tmp_path / "v3", version="v3.0"))
+    ds = lerobot.load(_meta(tmp_path / "nostats", stats=False))
+    with pytest.raises(DatasetError, match="data.normalize=fit"):
+        lerobot.mapped_stats(ds, [("action", 0)])
+
+
+@pytest.mark.fast
+def test_config_rules_for_lerobot_keys():
+    def problems(**values):
+        cfg = RunConfig()
+        apply_overrides(cfg, values, "test")
+        return violations(cfg, {})
+
+    assert problems(**{"data.cameras": f"{FRONT},{WRIST}"}) == []  # auto: dotted LeRobot keys
+    assert problems(**{"data.format": "lerobot", "data.cameras": "top"}) == []
+    assert problems(**{"data.format": "furniturebench", "data.cameras": FRONT})
+    assert problems(**{"data.action_slots": "0,0,1,2,3,4,5,6"})  # not distinct
+    assert problems(**{"data.normalize": "minmax"}) and problems(**{"data.upstream_latents": "yes"})
+
+
+# ---- datasets lerobot 0.3.3 wrote (heavy: a package environment is built on first use) ----------------
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """(dataset root, the frames written): 3 episodes of 13-15 frames, 32 px, lerobot's default codec."""
+    site = lerobot_site()
+    root = tmp_path_factory.mktemp("lerobot") / "ds"
+    run_writer(Path(__file__).parent / "support" / "lerobot_write.py", [str(root)], site)
+    with np.load(root.parent / "ds.frames.npz") as z:
+        frames = {k: z[k] for k in z.files}
+    return root, frames
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.mark.heavy
+def test_frames_decode_as_written(written):
+    root, frames = written
+    ds = lerobot.load(root)
+    assert ds.version == "v2.1" and ds.features[FRONT]["info"]["video.codec"] == "av1"
+    for e, parquet in enumerate(ds.files()):
+        ep = lerobot.read_episode(
+            ds, parquet, [FRONT, WRIST, STILL], lerobot.parse_action_map(ds, ["action"])
+        )
+        assert np.array_equal(ep.images[STILL], frames[f"{STILL}__{e}"])  # PNG in the parquet: lossless
+        for cam in (FRONT, WRIST):  # AV1 (libsvtav1, crf 30, yuv420p): measured ~31 dB at 32 px
+            assert ep.images[cam].shape == frames[f"{cam}__{e}"].shape
+            assert _psnr(ep.images[cam], frames[f"{cam}__{e}"]) > 28.0
+            _in_order(ep.images[cam], frames[f"{cam}__{e}"])
+        assert (
+            ep.actions.shape == (13 + e, 7)
+            and ep.task == ("put the red cube in the bowl", "open the drawer")[e % 2]
+        )
+
+
+@pytest.mark.heavy
+def test_bad_lerobot_input_is_named(written, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(written[0], root)
+    ds = lerobot.load(root)
+    files = ds.files()
+    channels = lerobot.parse_action_map(ds, ["action"])
+    v0, v1 = ds.video(0, FRONT), ds.video(1, FRONT)
+    shutil.copy2(v1, v0)  # 14 frames for a 13-row episode
+    with pytest.raises(DatasetError, match=r"14 frames but episode_000000.parquet has 13 rows"):
+        lerobot.read_episode(ds, files[0], [FRONT], channels)
+    v1.unlink()
+    with pytest.raises(DatasetError, match=rf"{v1}: video of episode 1, camera {FRONT} missing"):
+        lerobot.read_episode(ds, files[1], [FRONT], channels)
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(files[2]).drop(["action"]), files[2])
+    with pytest.raises(DatasetError, match=r"episode_000002.parquet: column 'action' missing"):
+        lerobot.read_episode(ds, files[2], [], channels)
+
+
+@pytest.mark.heavy
+def test_h264_videos_decode_too(tmp_path):
+    root = tmp_path / "h264"
+    args = [str(root), "--episodes", "1", "--length", "9", "--vcodec", "h264"]
+    run_writer(Path(__file__).parent / "support" / "lerobot_write.py", args, lerobot_site())
+    ds = lerobot.load(root)
+    assert ds.features[FRONT]["info"]["video.codec"] == "h264"
+    ep = lerobot.read_episode(ds, ds.files()[0], [FRONT], [])
+    with np.load(root.parent / "h264.frames.npz") as z:
+        want = z[f"{FRONT}__0"]
+    assert _psnr(ep.images[FRONT], want) > 25.0  # libx264 crf 30, yuv420p, 32 px: measured 27.3 dB
+    _in_order(ep.images[FRONT], want)
+
+
+def _in_order(got: np.ndarray, want: np.ndarray) -> None:
+    """Each decoded frame is closest to the frame written at its own index (no shift, drop or repeat)."""
+    for i in range(len(want)):
+        scores = [_psnr(got[i], want[j]) for j in range(len(want))]
+        assert int(np.argmax(scores)) == i, (i, scores)
+
+
+@pytest.mark.heavy
+def test_cache_resumes_and_a_changed_video_makes_it_stale(written, tmp_path):
+    from trainer.config import load_config, parse_set
+    from trainer.data.cache import StaleCache
+    from trainer.data.prepare import ensure_cache, prepare
+
+    root = tmp_path / "ds"
+    shutil.copytree(written[0], root)
+    items = [f"data.path={root}", f"data.cameras={FRONT},{WRIST}", "model.action_used=7", "data.frames=3",
+             "model.latent_size=2", "data.val_episodes=1"]  # fmt: skip
+    cfg = load_config("furniture_train", True, parse_set(items))
+    first = prepare(cfg, log=lambda line: None)
+    assert (first.encoded, first.kept) == (3, 0)
+    again = prepare(cfg, log=lambda line: None)
+    assert (again.encoded, again.kept) == (0, 3)  # resumable: finished entries are kept
+    ensure_cache(cfg, 0, 1, log=lambda line: None)  # complete and current
+    video = lerobot.load(root).video(1, WRIST)
+    video.write_bytes(lerobot.load(root).video(2, WRIST).read_bytes())
+    with pytest.raises(StaleCache, match=rf"videos/chunk-000/{WRIST}/episode_000001.mp4: size"):
+        ensure_cache(cfg, 0, 1, log=lambda line: None)
+
+
+def _cfg_items(root: Path, vae_root: Path, *extra: str) -> list[str]:
+    return [
+        f"data.path={root}", f"data.cameras={FRONT},{WRIST}", "model.action_used=7", "data.encoder=wan_vae",
+        f"data.vae_path={vae_root / 'vae'}", f"data.text_encoder={vae_root}", "data.actions_per_frame=4",
+        "data.frames=3", "data.text_length=16", "model.text_dim=16", "model.latent_channels=4",
+        "model.latent_size=2", "data.val_episodes=1", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    from tests.test_data import make_tiny_t5, make_tiny_vae
+
+    root = tmp_path_factory.mktemp("lingbot-va-base")
+    make_tiny_vae(root / "vae")
+    make_tiny_t5(root)
+    return root
+
+
+@pytest.mark.heavy
+def test_prepare_writes_and_reads_the_reference_latents_layout(written, released, tmp_path, monkeypatch):
+    import torch
+
+    from trainer.config import load_config, parse_set
+    from trainer.data import encoder
+    from trainer.data.prepare import prepare
+    from trainer.data.stream import build_stream
+
+    root = tmp_path / "ds"
+    shutil.copytree(written[0], root)
+    items = _cfg_items(root, released, "data.upstream_latents=write", "data.normalize=mean_std")
+    done = prepare(load_config("furniture_train", True, parse_set(items)), log=lambda line: None)
+    manifest = json.loads((done.directory / "manifest.json").read_text())
+    assert manifest["lerobot"]["tasks"] == ["put the red cube in the bowl", "open the drawer"]
+    assert manifest["spec"]["encoder"] == "wan_vae" and manifest["stand_ins"] == []
+    record = torch.load(root / f"latents/chunk-000/{FRONT}/episode_000000_0_13.pth", weights_only=True)
+    assert (record["latent_num_frames"], record["latent_height"], record["latent_width"]) == (4, 2, 2)
+    assert record["latent"].shape == (16, 4) and record["text_emb"].shape == (16, 16)
+    assert record["frame_ids"] == list(range(13)) and record["fps"] == 10
+    with np.load(done.directory / "episodes" / manifest["episodes"][0]["entry"]) as z:
+        cached = z[f"latents__{FRONT}"].astype(np.float32)
+    assert np.allclose(
+        cached.transpose(0, 2, 3, 1).reshape(16, 4), record["latent"].float().numpy(), atol=2e-2
+    )
+    cfg = load_config("furniture_train", True, parse_set(items))
+    stream = build_stream(cfg, 0, 1)
+    a, b = stream.clip_batch(0, 0)["text_emb"], stream.clip_batch(1, 0)["text_emb"]
+    assert not torch.equal(a, b)  # episode 0 and 1 have different tasks: different prompts
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("read mode must not encode")
+
+    monkeypatch.setattr(encoder.WanVAEEncoder, "encode", no_encoding)
+    read = prepare(
+        load_config(
+            "furniture_train", True, parse_set(_cfg_items(root, released, "data.upstream_latents=read"))
+        ),
+        log=lambda line: None,
+    )
+    with np.load(read.directory / "episodes" / manifest["episodes"][0]["entry"]) as z:
+        assert np.allclose(z[f"latents__{FRONT}"].astype(np.float32), cached, atol=2e-2)
+
+
+@pytest.mark.heavy
+def test_bin_train_two_steps_on_a_lerobot_dataset(written, released, tmp_path, preflight_record):
+    root = tmp_path / "ds"
+    shutil.copytree(written[0], root)
+    run = tmp_path / "run"
+    runs.seed_preflight(run, preflight_record)
+    overrides = [*runs.tiny(steps=2, grad_accum=1), *_cfg_items(root, released)]
+    proc = runs.launch(run, root, runs.clean_env(tmp_path / "no-envs"), overrides=overrides, nproc=1)
+    code, out, _ = runs.finish(proc)
+    assert code == 0, out
+    summary = runs.summary(run)
+    assert summary["data"]["layout"].startswith("LeRobot v2.1") and summary["data"]["used"] == 3
+    assert summary["data"]["split"]["held_out"] == ["data/chunk-000/episode_000002.parquet"]
+    assert sorted(runs.losses_by_step(run)) == [1, 2]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "sets, problem",
+    [(["data.cameras=observation.images.top"], "camera 'observation.images.top' is not a video or image"),
+     ([f"data.cameras={FRONT}"], "episode_000000.parquet: episode 0's parquet missing"),
+     ([f"data.cameras={FRONT}", "data.action_map=effort"], "'effort' (data.action_map) is not a numeric")],
+)  # fmt: skip
+def test_the_launcher_preflight_names_bad_lerobot_input_with_exit_3(tmp_path, capsys, sets, problem):
+    from trainer.launcher import main as launch
+
+    root = _meta(tmp_path / "ds")
+    argv = ["furniture_train", "1", "--run-dir", str(tmp_path / "run"), "--set", f"data.path={root}"]
+    assert launch.main([*argv, *(a for s in sets for a in ("--set", s))]) == 3
+    err = capsys.readouterr().err
+    assert problem in err and "preflight failed" in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.fast
+def test_several_roots_only_for_lerobot():
+    cfg = RunConfig()
+    apply_overrides(cfg, {"data.path": "/a,/b"}, "test")
+    assert any("data.path" in p for p in violations(cfg, {}))
+    apply_overrides(cfg, {"data.format": "lerobot"}, "test")
+    assert violations(cfg, {}) == []
+
+
+@pytest.mark.heavy
+def test_several_roots_make_one_stream(written, tmp_path):
+    from trainer.config import load_config, parse_set
+    from trainer.data.stream import build_stream
+
+    a, b = tmp_path / "a" / "ds", tmp_path / "b" / "ds"
+    shutil.copytree(written[0], a)
+    shutil.copytree(written[0], b)
+    items = [f"data.path={a},{b}", "data.format=lerobot", f"data.cameras={FRONT}", "model.action_used=7",
+             "data.frames=3", "model.latent_size=2", "data.val_episodes=2"]  # fmt: skip
+    stream = build_stream(load_config("furniture_train", True, parse_set(items)), 0, 1)
+    assert stream.names[:3] == [f"0:ds/data/chunk-000/episode_00000{i}.parquet" for i in range(3)]
+    assert stream.names[3:] == [f"1:ds/data/chunk-000/episode_00000{i}.parquet" for i in range(3)]
+    assert len(stream.held_out) == 2 and stream.data_summary is not None and stream.data_summary.used == 6
+    assert stream.task_emb is not None and stream.task_emb.shape[0] == 4  # 2 tasks per root, appended
+    assert stream.episode_task == [0, 1, 0, 2, 3, 2]
+    assert (a / ".latents").is_dir() and (b / ".latents").is_dir()  # one cache per root

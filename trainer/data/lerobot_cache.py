@@ -1,0 +1,112 @@
+"""LeRobot episodes into the latent cache (trainer/data/cache.py): the same entries, manifest and guarantees
+as FurnitureBench data, plus what a LeRobot dataset adds.
+
+    spec_source(cfg)                       # what the latents/actions depend on beyond CacheSpec's fields
+    encoder = entry_encoder(cfg, ds, video)   # cache.prepare_entries' `encode` for a LeRobot dataset
+    write_task_text(directory, text, ds)   # text.npz with one embedding per task (the prompt per episode)
+    manifest_extra(cfg, ds)                # the manifest's "lerobot" record: tasks, fps, mapped statistics
+
+An entry holds latents__<camera>, `actions` (T, K) = the data.action_map channels (row i: the action taken
+at observation i), `task_index` and, in its meta, the fingerprints of the episode's videos (a changed video
+makes the cache stale, as a changed parquet does). With data.upstream_latents=read the latents come from the
+reference's <root>/latents/ files (trainer/data/upstream.py), not from the encoder; with write they are
+also written there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.data import upstream
+from trainer.data.cache import _npz_bytes, _write_bytes, fingerprint
+from trainer.data.furniturebench import DatasetError
+from trainer.data.lerobot import LeRobotInfo, mapped_stats, parse_action_map, read_episode
+
+STORAGE_DTYPE = np.float16
+
+
+def spec_source(cfg) -> str:
+    d = cfg.data
+    return json.dumps(
+        {"format": "lerobot", "action_map": list(d.action_map), "upstream_latents": d.upstream_latents},
+        sort_keys=True,
+    )
+
+
+def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, Any]]:
+    """encode(source, entry, spec, video, on_frames) -> meta, for cache.prepare_entries."""
+    cameras = list(cfg.data.cameras)
+    channels = parse_action_map(ds, list(cfg.data.action_map))
+    mode = cfg.data.upstream_latents
+
+    def encode(source: Path, entry: Path, spec, _video, on_frames=None) -> dict[str, Any]:
+        episode = read_episode(ds, source, cameras if mode != "read" else [], channels)
+        if mode == "read":
+            latents = upstream.read_episode_latents(ds, episode.index, cameras, spec)
+        else:
+            latents = {}
+            for cam in cameras:
+                frames = episode.images[cam]
+                latents[cam] = video.encode(frames)
+                if on_frames is not None:
+                    on_frames(int(frames.shape[0]))
+        arrays: dict[str, np.ndarray] = {f"latents__{c}": latents[c].astype(STORAGE_DTYPE) for c in cameras}
+        if episode.task not in ds.tasks:
+            raise DatasetError(
+                f"{ds.root / 'meta/tasks.jsonl'}: episode {episode.index}: task {episode.task!r} not listed;"
+                " meta/episodes.jsonl and tasks.jsonl disagree: rewrite them with lerobot"
+            )
+        task_index = ds.tasks.index(episode.task)
+        arrays.update(actions=episode.actions, task_index=np.array(task_index))
+        meta: dict[str, Any] = {
+            "source": fingerprint(source),
+            "spec": spec.digest(),
+            "notes": [],
+            "status": "used",
+            "latent_frames": min(int(x.shape[0]) for x in latents.values()),
+            "actions": int(episode.actions.shape[0]),
+            "format": "lerobot",
+            "episode_index": episode.index,
+            "task": episode.task,
+            "task_index": task_index,
+            "videos": {p.relative_to(ds.root).as_posix(): fingerprint(p) for p in episode.videos.values()},
+        }
+        if mode == "read":
+            meta["notes"] = ["latents read from the reference's latents/ layout (not encoded here)"]
+        arrays["meta"] = np.array(json.dumps(meta))
+        _write_bytes(entry, _npz_bytes(arrays))
+        if mode == "write":
+            upstream.write_episode_latents(ds, episode.index, latents, text.embed(episode.task)[0], spec)
+        return meta
+
+    return encode
+
+
+def write_task_text(directory: Path, text, ds: LeRobotInfo) -> None:
+    """text.npz: the first task as prompt_emb (what a single-prompt reader sees), every task's embedding
+    as task_emb (K, L, D) / task_mask (K, L), and the empty prompt for dropout."""
+    embs, masks = zip(*(text.embed(task) for task in ds.tasks), strict=True)
+    empty, empty_mask = text.embed("")
+    arrays = dict(
+        prompt_emb=embs[0], prompt_mask=masks[0], empty_emb=empty, empty_mask=empty_mask,
+        task_emb=np.stack(embs), task_mask=np.stack(masks),
+    )  # fmt: skip
+    _write_bytes(directory / "text.npz", _npz_bytes(arrays))
+
+
+def manifest_extra(cfg, ds: LeRobotInfo) -> dict[str, Any]:
+    channels = parse_action_map(ds, list(cfg.data.action_map))
+    record: dict[str, Any] = {
+        "version": ds.version,
+        "fps": ds.fps,
+        "tasks": ds.tasks,
+        "channels": [f"{k}[{i}]" for k, i in channels],
+        "stats_file": ds.stats_file,
+        "stats": mapped_stats(ds, channels) if ds.stats else None,
+    }
+    return {"lerobot": record}
