@@ -119,3 +119,22 @@ def test_padding_sees_nothing_and_is_not_seen():
 def test_mask_density_counts_allowed_pairs():
     expected = sum(len(v) for v in ALLOWED_WIDE.values()) / 8
     assert mask_density(TINY, 1, 1, 100) == expected
+
+
+def test_the_run_shape_counts_every_camera_view_as_the_batch_lays_them_out():
+    """sequence_shape (the stream's tokens/s and MFU lines) once counted one view of two: 2,176 tokens
+    where the model attends 4,224 at the cluster config. It must agree with the batch's own layout."""
+    from trainer.config import load_config
+    from trainer.masks import sequence_shape
+    from trainer.plan.estimate import tokens_per_micro_batch
+    from trainer.plan.memory import synthetic_micro_batch
+
+    for cpu_scale in (True, False):
+        cfg = load_config("furniture_train", cpu_scale=cpu_scale)
+        assert len(cfg.data.cameras) == 2
+        batch = synthetic_micro_batch(cfg)
+        b, f, _, h, w = batch["latents"].shape  # views side by side along the width
+        p, n = cfg.model.patch, cfg.data.actions_per_frame
+        laid_out = 2 * b * f * ((h // p) * (w // p) + n)  # noisy + clean groups, video + action
+        assert sequence_shape(cfg).tokens(b) == laid_out == tokens_per_micro_batch(cfg)
+    assert laid_out == 4224  # the cluster config: 2 x (16 x 128 + 64)

@@ -152,7 +152,13 @@ def mask_density(shape: SequenceShape, batch_size: int, frames_per_chunk: int, w
 
 
 def sequence_shape(cfg) -> SequenceShape:
+    """The run's per-sample shape: each camera view is encoded separately and laid side by side, so a
+    latent frame holds (latent_size / patch)^2 tokens per view (2 views at the cluster config: 2,176
+    real tokens per group, 4,224 per micro-batch)."""
     side = cfg.model.latent_size // cfg.model.patch
+    views = len(cfg.data.cameras)
     return SequenceShape(
-        frames=cfg.data.frames, tokens_per_frame=side * side, actions_per_frame=cfg.data.actions_per_frame
+        frames=cfg.data.frames,
+        tokens_per_frame=side * side * views,
+        actions_per_frame=cfg.data.actions_per_frame,
     )

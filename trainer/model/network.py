@@ -41,7 +41,14 @@ from torch import nn
 from trainer.attention import BoundAttention, make_backend, resolve_backend
 from trainer.batch import check_micro_batch
 from trainer.losses import action_loss, add_noise, latent_loss, velocity_target
-from trainer.masks import SequenceShape, TokenLayout, lingbot_mask_mod, mask_density, token_layout
+from trainer.masks import (
+    SequenceShape,
+    TokenLayout,
+    lingbot_mask_mod,
+    mask_density,
+    sequence_shape,
+    token_layout,
+)
 from trainer.model.layers import (
     ConditionEmbedder,
     CrossContext,
@@ -270,10 +277,8 @@ class WorldModel(nn.Module):
         layer on the LingBot mask at the mean chunk size and window of the recipe, plus 4 x dim x L_text
         for the cross-attention (L_text = 512, the reference's prompt length).
         """
-        m, d = self.cfg.model, self.cfg.data
-        views = len(getattr(d, "cameras", None) or [d.camera])
-        rows = m.latent_size // m.patch
-        s = SequenceShape(frames=d.frames, tokens_per_frame=rows * rows * views, actions_per_frame=self.apf)
+        m = self.cfg.model
+        s = sequence_shape(self.cfg)
         block = sum(
             mod.weight.numel()
             for blk in self.blocks

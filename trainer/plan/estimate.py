@@ -94,12 +94,9 @@ def _param_counts(cfg) -> tuple[int, int, int, int, float]:
 
 
 def tokens_per_micro_batch(cfg) -> int:
-    from trainer.masks import SequenceShape
+    from trainer.masks import sequence_shape
 
-    m, d = cfg.model, cfg.data
-    side = m.latent_size // m.patch
-    shape = SequenceShape(d.frames, side * side * len(d.cameras), d.actions_per_frame)
-    return shape.tokens(cfg.train.batch_size)
+    return sequence_shape(cfg).tokens(cfg.train.batch_size)
 
 
 def comm_bytes(cfg, counts, world_size: int, param_bytes: int) -> tuple[int, int, float]:
