@@ -233,7 +233,9 @@ def env_checks(choice: EnvChoice, env: dict[str, str], run_dir: Path | None = No
 
 def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     """The run dir's filesystem must hold checkpoint.keep + 1 checkpoints (keep, plus the one being
-    written), counting the space its existing checkpoints already take; PreflightError names both numbers.
+    written), and one more when the best held-out checkpoint is pinned (checkpoint.best_by with
+    validation: pruning keeps it even when it is older than the newest keep), counting the space its
+    existing checkpoints already take; PreflightError names both numbers.
     Returns notes (the estimate; a warning when checkpoint.skip_space_check overrides a refusal)."""
     from provision.nodeinfo import free_bytes, mount_of
     from trainer.checkpoint import scan
@@ -241,7 +243,11 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     from trainer.diskspace import human
 
     one = estimate_bytes(cfg, model_size(cfg), world_size)
-    count = cfg.checkpoint.keep + 1
+    pinned = cfg.checkpoint.validate and cfg.checkpoint.best_by != "none" and cfg.data.val_episodes != 0
+    count = cfg.checkpoint.keep + 1 + int(pinned)
+    what = f"checkpoint.keep + 1 = {count - int(pinned)} checkpoints" + (
+        f" and the best held-out one ({count})" if pinned else ""
+    )
     complete, _ = scan(run_dir / "checkpoints")
     existing = sum(f.stat().st_size for c in complete for f in c.path.iterdir() if f.is_file())
     free = free_bytes(run_dir)
@@ -249,13 +255,13 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     mount = mount_of(run_dir)
     where = f"{run_dir} ({mount.mount_point}, {mount.fstype})"
     note = (
-        f"checkpoint size estimate {human(one)}; checkpoint.keep + 1 = {count} need {human(count * one)}; "
+        f"checkpoint size estimate {human(one)}; {what} need {human(count * one)}; "
         f"{where} has {human(free)} free" + (f" + {human(existing)} in its checkpoints" if existing else "")
     )
     if needed <= free:
         return [note]
     message = (
-        f"{where} cannot hold checkpoint.keep + 1 = {count} checkpoints of ~{human(one)}: needs "
+        f"{where} cannot hold {what} of ~{human(one)}: needs "
         f"{human(needed)} more, has {human(free)} free; fix: free space there, lower checkpoint.keep, "
         f"or move --run-dir (--set checkpoint.skip_space_check=true runs anyway)"
     )
