@@ -357,6 +357,8 @@ def test_prepare_writes_and_reads_the_reference_latents_layout(written, released
 @pytest.mark.heavy
 @pytest.mark.parametrize("version", [V21, V30])
 def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp_path, preflight_record):
+    import torch
+
     root = tmp_path / "ds"
     shutil.copytree(writer(version)[0], root)
     run = tmp_path / "run"
@@ -374,6 +376,16 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp
     )
     assert summary["data"]["split"]["held_out"] == [held]
     assert sorted(runs.losses_by_step(run)) == [1, 2]
+    # bin/evaluate on it: every episode with its own task's prompt (episodes 0 and 2 share a task)
+    from trainer.inference.cli import run as evaluate
+    from trainer.inference.data import load_episodes
+    from trainer.inference.load import load_model
+
+    data = load_episodes(load_model(str(run), None)[1])
+    assert data.prompts is not None and data.names[2] == held
+    assert torch.equal(data.prompts[0], data.prompts[2]) and not torch.equal(data.prompts[0], data.prompts[1])
+    result = evaluate(str(run), "all", "furniture_train", True, (), 0, "cpu")
+    assert result["episodes"] == 3 and sorted(result["per_episode"]) == sorted(data.names)
 
 
 @pytest.mark.fast
@@ -405,6 +417,8 @@ def test_several_roots_only_for_lerobot():
 
 @pytest.mark.heavy
 def test_several_roots_make_one_stream(written, tmp_path):
+    import torch
+
     from trainer.config import load_config, parse_set
     from trainer.data.stream import build_stream
 
@@ -420,3 +434,9 @@ def test_several_roots_make_one_stream(written, tmp_path):
     assert stream.task_emb is not None and stream.task_emb.shape[0] == 4  # 2 tasks per root, appended
     assert stream.episode_task == [0, 1, 0, 2, 3, 2]
     assert (a / ".latents").is_dir() and (b / ".latents").is_dir()  # one cache per root
+    from trainer.inference.data import load_episodes
+
+    data = load_episodes(load_config("furniture_train", True, parse_set(items)))  # bin/evaluate's episodes
+    assert data.names == stream.names and data.prompts is not None and len(data.prompts) == 6
+    # the roots are copies: root b's task 0 is root a's task 0's text, so the same prompt
+    assert [int(torch.equal(data.prompts[0], p)) for p in data.prompts] == [1, 0, 1, 1, 0, 1]

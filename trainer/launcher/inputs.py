@@ -66,8 +66,8 @@ def _lerobot_note(cfg: RunConfig, root) -> str:
             index = int(e["episode_index"])
             if not ds.parquet(index).is_file():
                 raise DatasetError(
-                    f"{ds.parquet(index)}: episode {index}'s parquet missing ({ds.episodes_file.name} lists it)"
-                    "; restore it or remove the episode from meta/"
+                    f"{ds.parquet(index)}: episode {index}'s parquet missing ({ds.episodes_file.name} lists "
+                    "it); restore it or remove the episode from meta/"
                 )
             for cam in cams if cfg.data.upstream_latents != "read" else []:
                 if ds.features[cam]["dtype"] == "video" and not ds.video(index, cam).is_file():
