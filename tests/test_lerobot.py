@@ -100,6 +100,63 @@ def test_unknown_versions_v3_without_episodes_and_missing_stats_refused_with_the
         lerobot.mapped_stats(ds, [("action", 0)])
 
 
+def _meta_v3(root: Path, to_timestamp: float = 1.0) -> Path:
+    """A v3.0 meta/ as lerobot 0.4.4 lays it out (2 episodes of 5 and 10 frames in one data and one video
+    file; the tasks as the pandas index of tasks.parquet), without data or video files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "meta/episodes/chunk-000").mkdir(parents=True)
+    video = {"dtype": "video", "shape": [8, 8, 3], "info": {"video.codec": "av1"}}
+    info = {
+        "codebase_version": "v3.0", "fps": 10, "chunks_size": 1000,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+        "features": {FRONT: video, "action": {"dtype": "float32", "shape": [3]}},
+    }  # fmt: skip
+    (root / "meta/info.json").write_text(json.dumps(info))
+    v = f"videos/{FRONT}/"
+    rows = {
+        "episode_index": [1, 0], "tasks": [["task b"], ["task a"]], "length": [10, 5],
+        "data/chunk_index": [0, 0], "data/file_index": [0, 0],
+        v + "chunk_index": [0, 0], v + "file_index": [0, 0],
+        v + "from_timestamp": [0.5, 0.0], v + "to_timestamp": [to_timestamp + 0.5, 0.5],
+        "stats/action/mean": [[0.0] * 3, [1.0] * 3],
+    }  # fmt: skip
+    pq.write_table(pa.table(rows), root / "meta/episodes/chunk-000/file-000.parquet")
+    tasks = pa.table({"task_index": [1, 0], "__index_level_0__": ["task b", "task a"]})
+    pq.write_table(tasks, root / "meta/tasks.parquet")
+    stats = {"action": {"mean": [1, 2, 3], "std": [1, 1, 1], "q01": [0] * 3, "q99": [4] * 3, "count": [15]}}
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    return root
+
+
+@pytest.mark.fast
+def test_v3_meta_sources_and_timestamp_mismatch(tmp_path):
+    from trainer.data import lerobot_v3
+    from trainer.data.cache import source_file
+
+    ds = lerobot.load(_meta_v3(tmp_path / "ds"))
+    data = tmp_path / "ds/data/chunk-000/file-000.parquet"
+    assert ds.version == "v3.0" and ds.tasks == ["task a", "task b"] and ds.layout.startswith("LeRobot v3.0")
+    assert ds.files() == [data / "episode_000000", data / "episode_000001"]
+    assert [source_file(f) for f in ds.files()] == [data, data] == [ds.backing(f) for f in ds.files()]
+    assert ds.video(1, FRONT) == tmp_path / f"ds/videos/{FRONT}/chunk-000/file-000.mp4"
+    assert [ds.task_of(ds.episode_of(f)) for f in ds.files()] == ["task a", "task b"]
+    stats = lerobot.mapped_stats(ds, lerobot.parse_action_map(ds, ["action"]))
+    assert stats["q99"] == [4.0] * 3 and "count" not in stats  # meta/stats.json, quantiles included
+    assert lerobot_v3.segment(ds, ds.episodes[1], FRONT) == (0.5, 1.5)
+    with pytest.raises(DatasetError, match=f"episode 1 has no videos/{WRIST}/chunk_index"):
+        ds.video(1, WRIST)
+    with pytest.raises(
+        DatasetError, match=r"data/chunk-000/file-000.parquet: data file of episode 0 .* missing"
+    ):
+        lerobot.read_episode(ds, ds.files()[0], [FRONT], [])
+    bad = lerobot.load(_meta_v3(tmp_path / "bad", to_timestamp=1.2))  # 12 frames' span, 10 rows
+    with pytest.raises(DatasetError, match=r"from_timestamp 0.5 to to_timestamp 1.7 spans 12.00 frames"):
+        lerobot_v3.segment(bad, bad.episodes[1], FRONT)
+
+
 @pytest.mark.fast
 def test_config_rules_for_lerobot_keys():
     def problems(**values):
