@@ -72,6 +72,7 @@ class LeRobotInfo:
     tasks: list[str]  # by task_index
     stats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # key -> stat -> array
     stats_file: str = ""
+    _by_index: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def v3(self) -> bool:
@@ -85,11 +86,16 @@ class LeRobotInfo:
     def episodes_file(self) -> Path:
         return self.root / (lerobot_v3.EPISODES_DIR if self.v3 else "meta/episodes.jsonl")
 
+    def _rows(self) -> dict[int, dict[str, Any]]:
+        """episode_index -> its row, built once (a v3.0 dataset may list thousands)."""
+        if len(self._by_index) != len(self.episodes):
+            self._by_index = {int(e["episode_index"]): e for e in self.episodes}
+        return self._by_index
+
     def _row(self, episode: int) -> dict[str, Any]:
-        for e in self.episodes:
-            if int(e["episode_index"]) == episode:
-                return e
-        raise DatasetError(f"{self.episodes_file}: episode {episode} not listed")
+        if episode not in self._rows():
+            raise DatasetError(f"{self.episodes_file}: episode {episode} not listed")
+        return self._rows()[episode]
 
     def parquet(self, episode: int) -> Path:
         """The episode's data file (v3.0: shared with other episodes)."""
@@ -127,6 +133,9 @@ class LeRobotInfo:
         return source.parent if self.v3 and lerobot_v3.source_episode(source) is not None else source
 
     def episode_of(self, source: Path) -> dict[str, Any]:
+        index = lerobot_v3.source_episode(source) if self.v3 else None
+        if index in self._rows() and lerobot_v3.episode_source(self.parquet(index), index) == source:
+            return self._rows()[index]  # v3.0's usual case, without a scan
         for e in self.episodes:
             index = int(e["episode_index"])
             if (
