@@ -1,11 +1,13 @@
 """LeRobot datasets on CPU: video decode frames/s (PyAV, AV1 as lerobot writes it) and the whole
 preparation path (parquet + decode + encode + cache entry) frames/s, patch_mean and a tiny AutoencoderKLWan.
 
-    .venv/bin/python bench/bench_lerobot.py [--quick]
+    .venv/bin/python bench/bench_lerobot.py [--quick] [--lerobot 0.4.4]
 
-The dataset is written by lerobot 0.3.3 itself (tests/support/lerobot_env.py, its cached test-only
-environment; the first run builds it): 2 video cameras at 224 x 224 (libsvtav1, yuv420p, g=2, crf=30: its
-defaults), one image camera (not read here), 10 fps. Writing is not timed.
+The dataset is written by lerobot itself, 0.3.3 (v2.1 layout, the default) or 0.4.4 (v3.0: every episode
+in one data file and one video file per camera, read by seeking to each episode's from_timestamp)
+(tests/support/lerobot_env.py, its cached test-only environments; the first run builds one): 2 video
+cameras at 224 x 224 (libsvtav1, yuv420p, g=2, crf=30: its defaults), one image camera (not read here),
+10 fps. Writing is not timed.
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ from bench.common import Table  # noqa: E402
 CAMERAS = ("observation.images.front", "observation.images.wrist")
 
 
-def write_dataset(root: Path, episodes: int, length: int) -> None:
+def write_dataset(root: Path, episodes: int, length: int, version: str) -> None:
     from tests.support.lerobot_env import lerobot_site, run_writer
 
     script = Path(__file__).resolve().parents[1] / "tests" / "support" / "lerobot_write.py"
     args = [str(root), "--episodes", str(episodes), "--length", str(length), "--size", "224"]
-    run_writer(script, args, lerobot_site(), timeout=1800)
+    run_writer(script, args, lerobot_site(version=version), timeout=1800)
+
+
+def lerobot_layout(root: Path) -> str:
+    from trainer.data import lerobot
+
+    return lerobot.load(root).version
 
 
 def decode_rate(root: Path) -> tuple[float, int, float]:
@@ -68,12 +76,13 @@ def prepare_rate(root: Path, encoder: str, tmp: Path) -> tuple[float, int, float
     return done.frames / seconds, done.frames, seconds
 
 
-def run(quick: bool) -> list[Table]:
+def run(quick: bool, version: str = "0.3.3") -> list[Table]:
     episodes, length = (4, 40) if quick else (8, 80)
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         root = tmp / "ds"
-        write_dataset(root, episodes, length)
+        write_dataset(root, episodes, length, version)
+        layout = lerobot_layout(root)
         dec = decode_rate(root)
         rows = [["decode only (PyAV, AV1 -> RGB)", dec[1], dec[2], dec[0]]]
         for name in ("patch_mean", "wan_vae"):
@@ -82,7 +91,7 @@ def run(quick: bool) -> list[Table]:
             rows.append([label, frames, seconds, rate])
     return [
         Table(
-            "LeRobot v2.1 dataset on CPU (written by lerobot 0.3.3; 2 video cameras, 224x224, AV1)",
+            f"LeRobot {layout} dataset on CPU (written by lerobot {version}; 2 video cameras, 224x224, AV1)",
             ["path", "frames", "seconds", "frames/s"],
             rows,
             ratio=f"decode {rows[0][3]:.0f} frames/s; prepare with the tiny VAE {rows[2][3]:.1f} frames/s",
@@ -97,8 +106,9 @@ def run(quick: bool) -> list[Table]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--lerobot", default="0.3.3", choices=("0.3.3", "0.4.4"), help="the writer's release")
     args = parser.parse_args()
-    for table in run(args.quick):
+    for table in run(args.quick, args.lerobot):
         print(table.markdown())
     return 0
 

@@ -191,3 +191,21 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
     assert "checkpoint_step_7" in what and cfg.model.dim == model.cfg.model.dim
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_each_episode_is_evaluated_with_its_own_prompt(model):
+    """An Episode's prompt_emb (a LeRobot task) replaces the sampler's prompt for that episode only: the
+    scores equal a sampler made with that prompt, and differ from the default prompt's."""
+    import dataclasses
+
+    norm = QuantileNormalizer(np.full(8, -1, np.float32), np.full(8, 1, np.float32))
+    eps = _episodes(model, count=1)
+    task = torch.randn(TEXT, model.cfg.model.text_dim, generator=torch.Generator().manual_seed(9))
+    default = evaluate_open_loop(_sampler(model), eps, ACTION_SLOTS, norm, seed=3)
+    own = evaluate_open_loop(
+        _sampler(model), [dataclasses.replace(eps[0], prompt_emb=task)], ACTION_SLOTS, norm, 3
+    )
+    made_with = _sampler(model)
+    made_with.text[0] = task
+    assert own == evaluate_open_loop(made_with, eps, ACTION_SLOTS, norm, seed=3)
+    assert own != default

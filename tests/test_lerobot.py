@@ -1,7 +1,8 @@
-"""LeRobot datasets in (trainer/data/lerobot.py, lerobot_cache.py, upstream.py, video.py): meta parsing
-and bad input on hand-written meta/ (fast), and datasets written by lerobot 0.3.3 itself
-(tests/support/lerobot_env.py: cached test-only environment) decoded, prepared with the tiny
-AutoencoderKLWan/UMT5, written to and read from the reference's latents/ layout, trained 2 steps (heavy)."""
+"""LeRobot datasets in (trainer/data/lerobot.py, lerobot_v3.py, lerobot_cache.py, upstream.py, video.py):
+meta parsing and bad input on hand-written meta/ (fast), and datasets written by lerobot itself
+(tests/support/lerobot_env.py: cached test-only environments; 0.3.3 writes v2.1, 0.4.4 writes v3.0)
+decoded, prepared with the tiny AutoencoderKLWan/UMT5, written to and read from the reference's latents/
+layout, trained 2 steps (heavy; the decode, cache and bin/train tests run on both layouts)."""
 
 from __future__ import annotations
 
@@ -89,12 +90,71 @@ def test_camera_not_in_info_json_and_codec_without_decoder_are_named(tmp_path):
 
 
 @pytest.mark.fast
-def test_v3_layout_and_missing_stats_refused_with_the_fix(tmp_path):
-    with pytest.raises(DatasetError, match="v3.0 layout .* is not read yet"):
-        lerobot.load(_meta(tmp_path / "v3", version="v3.0"))
+def test_unknown_versions_v3_without_episodes_and_missing_stats_refused_with_the_fix(tmp_path):
+    with pytest.raises(DatasetError, match=r"'v4.0': only LeRobot v2.0/v2.1 and v3.0 datasets are read"):
+        lerobot.load(_meta(tmp_path / "v4", version="v4.0"))
+    with pytest.raises(DatasetError, match=r"meta/episodes: no chunk-\*/file-\*.parquet"):
+        lerobot.load(_meta(tmp_path / "v3", version="v3.0"))  # v3.0 with v2.1's jsonl meta
     ds = lerobot.load(_meta(tmp_path / "nostats", stats=False))
     with pytest.raises(DatasetError, match="data.normalize=fit"):
         lerobot.mapped_stats(ds, [("action", 0)])
+
+
+def _meta_v3(root: Path, to_timestamp: float = 1.0) -> Path:
+    """A v3.0 meta/ as lerobot 0.4.4 lays it out (2 episodes of 5 and 10 frames in one data and one video
+    file; the tasks as the pandas index of tasks.parquet), without data or video files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "meta/episodes/chunk-000").mkdir(parents=True)
+    video = {"dtype": "video", "shape": [8, 8, 3], "info": {"video.codec": "av1"}}
+    info = {
+        "codebase_version": "v3.0", "fps": 10, "chunks_size": 1000,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
+        "features": {FRONT: video, "action": {"dtype": "float32", "shape": [3]}},
+    }  # fmt: skip
+    (root / "meta/info.json").write_text(json.dumps(info))
+    v = f"videos/{FRONT}/"
+    rows = {
+        "episode_index": [1, 0], "tasks": [["task b"], ["task a"]], "length": [10, 5],
+        "data/chunk_index": [0, 0], "data/file_index": [0, 0],
+        v + "chunk_index": [0, 0], v + "file_index": [0, 0],
+        v + "from_timestamp": [0.5, 0.0], v + "to_timestamp": [to_timestamp + 0.5, 0.5],
+        "stats/action/mean": [[0.0] * 3, [1.0] * 3],
+    }  # fmt: skip
+    pq.write_table(pa.table(rows), root / "meta/episodes/chunk-000/file-000.parquet")
+    tasks = pa.table({"task_index": [1, 0], "__index_level_0__": ["task b", "task a"]})
+    pq.write_table(tasks, root / "meta/tasks.parquet")
+    stats = {"action": {"mean": [1, 2, 3], "std": [1, 1, 1], "q01": [0] * 3, "q99": [4] * 3, "count": [15]}}
+    (root / "meta/stats.json").write_text(json.dumps(stats))
+    return root
+
+
+@pytest.mark.fast
+def test_v3_meta_sources_and_timestamp_mismatch(tmp_path):
+    from trainer.data import lerobot_v3
+    from trainer.data.cache import source_file
+
+    ds = lerobot.load(_meta_v3(tmp_path / "ds"))
+    data = tmp_path / "ds/data/chunk-000/file-000.parquet"
+    assert ds.version == "v3.0" and ds.tasks == ["task a", "task b"] and ds.layout.startswith("LeRobot v3.0")
+    assert ds.files() == [data / "episode_000000", data / "episode_000001"]
+    assert [source_file(f) for f in ds.files()] == [data, data] == [ds.backing(f) for f in ds.files()]
+    assert ds.video(1, FRONT) == tmp_path / f"ds/videos/{FRONT}/chunk-000/file-000.mp4"
+    assert [ds.task_of(ds.episode_of(f)) for f in ds.files()] == ["task a", "task b"]
+    stats = lerobot.mapped_stats(ds, lerobot.parse_action_map(ds, ["action"]))
+    assert stats["q99"] == [4.0] * 3 and "count" not in stats  # meta/stats.json, quantiles included
+    assert lerobot_v3.segment(ds, ds.episodes[1], FRONT) == (0.5, 1.5)
+    with pytest.raises(DatasetError, match=f"episode 1 has no videos/{WRIST}/chunk_index"):
+        ds.video(1, WRIST)
+    with pytest.raises(
+        DatasetError, match=r"data/chunk-000/file-000.parquet: data file of episode 0 .* missing"
+    ):
+        lerobot.read_episode(ds, ds.files()[0], [FRONT], [])
+    bad = lerobot.load(_meta_v3(tmp_path / "bad", to_timestamp=1.2))  # 12 frames' span, 10 rows
+    with pytest.raises(DatasetError, match=r"from_timestamp 0.5 to to_timestamp 1.7 spans 12.00 frames"):
+        lerobot_v3.segment(bad, bad.episodes[1], FRONT)
 
 
 @pytest.mark.fast
@@ -111,18 +171,33 @@ def test_config_rules_for_lerobot_keys():
     assert problems(**{"data.normalize": "minmax"}) and problems(**{"data.upstream_latents": "yes"})
 
 
-# ---- datasets lerobot 0.3.3 wrote (heavy: a package environment is built on first use) ----------------
+# ---- datasets lerobot 0.3.3 (v2.1) and 0.4.4 (v3.0) wrote (heavy: package environments built on first use)
+
+V21, V30 = "0.3.3", "0.4.4"  # lerobot releases -> the layout they write
+LAYOUTS = {V21: "v2.1", V30: "v3.0"}
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory):
-    """(dataset root, the frames written): 3 episodes of 13-15 frames, 32 px, lerobot's default codec."""
-    site = lerobot_site()
-    root = tmp_path_factory.mktemp("lerobot") / "ds"
-    run_writer(Path(__file__).parent / "support" / "lerobot_write.py", [str(root)], site)
-    with np.load(root.parent / "ds.frames.npz") as z:
-        frames = {k: z[k] for k in z.files}
-    return root, frames
+def writer(tmp_path_factory):
+    """version -> (dataset root, the frames written): 3 episodes of 13-15 frames, 32 px, lerobot's default
+    codec, written once per module and version."""
+    made: dict[str, tuple[Path, dict[str, np.ndarray]]] = {}
+
+    def get(version: str) -> tuple[Path, dict[str, np.ndarray]]:
+        if version not in made:
+            root = tmp_path_factory.mktemp(f"lerobot-{version}") / "ds"
+            site = lerobot_site(version=version)
+            run_writer(Path(__file__).parent / "support" / "lerobot_write.py", [str(root)], site)
+            with np.load(root.parent / "ds.frames.npz") as z:
+                made[version] = root, {k: z[k] for k in z.files}
+        return made[version]
+
+    return get
+
+
+@pytest.fixture
+def written(writer):
+    return writer(V21)
 
 
 def _psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -131,16 +206,21 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.heavy
-def test_frames_decode_as_written(written):
-    root, frames = written
+@pytest.mark.parametrize("version", [V21, V30])
+def test_frames_decode_as_written(writer, version):
+    root, frames = writer(version)
     ds = lerobot.load(root)
-    assert ds.version == "v2.1" and ds.features[FRONT]["info"]["video.codec"] == "av1"
+    assert ds.version == LAYOUTS[version] and ds.features[FRONT]["info"]["video.codec"] == "av1"
+    if version == V30:  # every episode in one data file and one video file per camera
+        assert {ds.backing(f) for f in ds.files()} == {root / "data/chunk-000/file-000.parquet"}
+        assert {ds.video(e, WRIST) for e in range(3)} == {root / f"videos/{WRIST}/chunk-000/file-000.mp4"}
     for e, parquet in enumerate(ds.files()):
         ep = lerobot.read_episode(
             ds, parquet, [FRONT, WRIST, STILL], lerobot.parse_action_map(ds, ["action"])
         )
         assert np.array_equal(ep.images[STILL], frames[f"{STILL}__{e}"])  # PNG in the parquet: lossless
-        for cam in (FRONT, WRIST):  # AV1 (libsvtav1, crf 30, yuv420p): measured ~31 dB at 32 px
+        # AV1 (libsvtav1, crf 30, yuv420p): measured ~31 dB at 32 px (v2.1), 29.8-30.2 dB (v3.0)
+        for cam in (FRONT, WRIST):
             assert ep.images[cam].shape == frames[f"{cam}__{e}"].shape
             assert _psnr(ep.images[cam], frames[f"{cam}__{e}"]) > 28.0
             _in_order(ep.images[cam], frames[f"{cam}__{e}"])
@@ -171,6 +251,57 @@ def test_bad_lerobot_input_is_named(written, tmp_path):
         lerobot.read_episode(ds, files[2], [], channels)
 
 
+def _set_episode(root: Path, index: int, **values) -> None:
+    """Rewrite columns of episode `index`'s row in meta/episodes/chunk-000/file-000.parquet (v3.0)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    rows = table.column("episode_index").to_pylist().index(index)
+    for key, value in values.items():
+        column = table.column(key).to_pylist()
+        column[rows] = value
+        table = table.set_column(
+            table.column_names.index(key), key, pa.array(column, table.schema.field(key).type)
+        )
+    pq.write_table(table, path)
+
+
+@pytest.mark.heavy
+def test_bad_v3_input_is_named(writer, tmp_path):
+    """lerobot 0.4.4's v3.0 layout: a length mismatch is between an episode's from/to timestamps (or the
+    frames they cover) and its rows; missing video file, missing column, camera not in info.json."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "ds"
+    shutil.copytree(writer(V30)[0], root)
+    channels = lerobot.parse_action_map(lerobot.load(root), ["action"])
+    ts = f"videos/{FRONT}/to_timestamp"
+    _set_episode(root, 1, **{ts: 3.0})  # 1.3 .. 3.0 s at 10 fps is 17 frames, the episode has 14
+    ds = lerobot.load(root)
+    with pytest.raises(DatasetError, match=r"meta/episodes: episode 1, camera .*front: from_timestamp 1.3 to "
+                       r"to_timestamp 3.0 spans 17.00 frames at 10 fps but the episode has 14"):  # fmt: skip
+        lerobot.read_episode(ds, ds.files()[1], [FRONT], channels)
+    _set_episode(root, 2, **{f"videos/{FRONT}/from_timestamp": 2.8, ts: 4.3})  # past the file's end
+    ds = lerobot.load(root)
+    video = ds.video(2, FRONT)
+    with pytest.raises(DatasetError, match=rf"{video}: 14 frames between 2.8 s and 4.3 s \(episode 2, camera "
+                       rf"{FRONT}\) but the episode has 15 rows"):  # fmt: skip
+        lerobot.read_episode(ds, ds.files()[2], [FRONT], channels)
+    lerobot.read_episode(ds, ds.files()[0], [FRONT], channels)  # episode 0 untouched: still reads
+    with pytest.raises(DatasetError, match="camera 'observation.images.top' is not a video or image feature"):
+        lerobot.check_cameras(ds, ["observation.images.top"])
+    wrist = ds.video(0, WRIST)
+    wrist.unlink()
+    with pytest.raises(DatasetError, match=rf"{wrist}: video of episode 0, camera {WRIST} missing"):
+        lerobot.read_episode(ds, ds.files()[0], [WRIST], channels)
+    data = ds.backing(ds.files()[0])
+    pq.write_table(pq.read_table(data).drop(["action"]), data)
+    with pytest.raises(DatasetError, match=r"file-000.parquet: column 'action' missing"):
+        lerobot.read_episode(ds, ds.files()[0], [], channels)
+
+
 @pytest.mark.heavy
 def test_h264_videos_decode_too(tmp_path):
     root = tmp_path / "h264"
@@ -193,13 +324,16 @@ def _in_order(got: np.ndarray, want: np.ndarray) -> None:
 
 
 @pytest.mark.heavy
-def test_cache_resumes_and_a_changed_video_makes_it_stale(written, tmp_path):
+@pytest.mark.parametrize("version", [V21, V30])
+def test_cache_resumes_and_a_changed_video_makes_it_stale(writer, version, tmp_path):
+    import re
+
     from trainer.config import load_config, parse_set
     from trainer.data.cache import StaleCache
     from trainer.data.prepare import ensure_cache, prepare
 
     root = tmp_path / "ds"
-    shutil.copytree(written[0], root)
+    shutil.copytree(writer(version)[0], root)
     items = [f"data.path={root}", f"data.cameras={FRONT},{WRIST}", "model.action_used=7", "data.frames=3",
              "model.latent_size=2", "data.val_episodes=1"]  # fmt: skip
     cfg = load_config("furniture_train", True, parse_set(items))
@@ -208,9 +342,9 @@ def test_cache_resumes_and_a_changed_video_makes_it_stale(written, tmp_path):
     again = prepare(cfg, log=lambda line: None)
     assert (again.encoded, again.kept) == (0, 3)  # resumable: finished entries are kept
     ensure_cache(cfg, 0, 1, log=lambda line: None)  # complete and current
-    video = lerobot.load(root).video(1, WRIST)
-    video.write_bytes(lerobot.load(root).video(2, WRIST).read_bytes())
-    with pytest.raises(StaleCache, match=rf"videos/chunk-000/{WRIST}/episode_000001.mp4: size"):
+    video = lerobot.load(root).video(1, WRIST)  # v3.0: the file every episode's wrist video is in
+    video.write_bytes(video.read_bytes() + b"\0")
+    with pytest.raises(StaleCache, match=re.escape(f"{video.relative_to(root).as_posix()}: size")):
         ensure_cache(cfg, 0, 1, log=lambda line: None)
 
 
@@ -278,9 +412,12 @@ def test_prepare_writes_and_reads_the_reference_latents_layout(written, released
 
 
 @pytest.mark.heavy
-def test_bin_train_two_steps_on_a_lerobot_dataset(written, released, tmp_path, preflight_record):
+@pytest.mark.parametrize("version", [V21, V30])
+def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp_path, preflight_record):
+    import torch
+
     root = tmp_path / "ds"
-    shutil.copytree(written[0], root)
+    shutil.copytree(writer(version)[0], root)
     run = tmp_path / "run"
     runs.seed_preflight(run, preflight_record)
     overrides = [*runs.tiny(steps=2, grad_accum=1), *_cfg_items(root, released)]
@@ -288,9 +425,24 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(written, released, tmp_path, p
     code, out, _ = runs.finish(proc)
     assert code == 0, out
     summary = runs.summary(run)
-    assert summary["data"]["layout"].startswith("LeRobot v2.1") and summary["data"]["used"] == 3
-    assert summary["data"]["split"]["held_out"] == ["data/chunk-000/episode_000002.parquet"]
+    assert (
+        summary["data"]["layout"].startswith(f"LeRobot {LAYOUTS[version]}") and summary["data"]["used"] == 3
+    )
+    held = "data/chunk-000/" + (
+        "file-000.parquet/episode_000002" if version == V30 else "episode_000002.parquet"
+    )
+    assert summary["data"]["split"]["held_out"] == [held]
     assert sorted(runs.losses_by_step(run)) == [1, 2]
+    # bin/evaluate on it: every episode with its own task's prompt (episodes 0 and 2 share a task)
+    from trainer.inference.cli import run as evaluate
+    from trainer.inference.data import load_episodes
+    from trainer.inference.load import load_model
+
+    data = load_episodes(load_model(str(run), None)[1])
+    assert data.prompts is not None and data.names[2] == held
+    assert torch.equal(data.prompts[0], data.prompts[2]) and not torch.equal(data.prompts[0], data.prompts[1])
+    result = evaluate(str(run), "all", "furniture_train", True, (), 0, "cpu")
+    assert result["episodes"] == 3 and sorted(result["per_episode"]) == sorted(data.names)
 
 
 @pytest.mark.fast
@@ -322,6 +474,8 @@ def test_several_roots_only_for_lerobot():
 
 @pytest.mark.heavy
 def test_several_roots_make_one_stream(written, tmp_path):
+    import torch
+
     from trainer.config import load_config, parse_set
     from trainer.data.stream import build_stream
 
@@ -337,3 +491,9 @@ def test_several_roots_make_one_stream(written, tmp_path):
     assert stream.task_emb is not None and stream.task_emb.shape[0] == 4  # 2 tasks per root, appended
     assert stream.episode_task == [0, 1, 0, 2, 3, 2]
     assert (a / ".latents").is_dir() and (b / ".latents").is_dir()  # one cache per root
+    from trainer.inference.data import load_episodes
+
+    data = load_episodes(load_config("furniture_train", True, parse_set(items)))  # bin/evaluate's episodes
+    assert data.names == stream.names and data.prompts is not None and len(data.prompts) == 6
+    # the roots are copies: root b's task 0 is root a's task 0's text, so the same prompt
+    assert [int(torch.equal(data.prompts[0], p)) for p in data.prompts] == [1, 0, 1, 1, 0, 1]

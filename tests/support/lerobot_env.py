@@ -1,7 +1,9 @@
-"""A cached, test-only environment holding the `lerobot==0.3.3` dataset writer (the release upstream
-LingBot-VA used; it writes LeRobot's v2.1 layout), so the tests read datasets that LeRobot itself wrote.
+"""Cached, test-only environments holding lerobot's dataset writer, so the tests read datasets that LeRobot
+itself wrote: `lerobot==0.3.3` (the release upstream LingBot-VA used; LeRobot's v2.1 layout) and
+`lerobot==0.4.4` (the newest on the package index; the v3.0 layout, many episodes per file).
 
     site = lerobot_site()                       # ~/.cache/lingbot-fixtures/lerobot-0.3.3-<pins hash>/site
+    site = lerobot_site(version="0.4.4")        # ~/.cache/lingbot-fixtures/lerobot-0.4.4-<pins hash>/site
     run_writer(script, args, site)              # the tool env's python with `site` first on PYTHONPATH
 
 Never a product dependency. `pip install --target site --no-deps` of lerobot and ONLY what its writer
@@ -11,8 +13,11 @@ CUDA torch. torchvision, imported but not called by the writer, is a stand-in mo
 tests/support/lerobot_write.py (PyPI's 0.28.0 is the CUDA build; its ops do not load beside the CPU torch).
 lerobot's declared requirements (torch<2.8, wandb, rerun-sdk, gymnasium, ...) are not
 installed: the writer does not import them. huggingface_hub and fsspec are pinned to the versions
-datasets 3.6.0 accepts; they shadow the tool env's only in the writer's process. Built into a temporary
-folder and renamed into place (a killed build is never reused).
+datasets 3.6.0 accepts; they shadow the tool env's only in the writer's process. lerobot 0.4.4 (declares
+torch<2.11, diffusers<0.36, torchcodec, wandb, ...) gets PINS_V3: datasets 4.0.0 (its datasets>=4), and
+accelerate (lerobot.utils.utils imports it at module level; its own imports, psutil, safetensors, pyyaml,
+are the tool env's); its writer never imports diffusers or torchcodec, so neither is installed. Built
+into a temporary folder and renamed into place (a killed build is never reused).
 """
 
 from __future__ import annotations
@@ -46,15 +51,27 @@ PINS = (
 )
 
 
+PINS_V3 = (
+    "lerobot==0.4.4",
+    "datasets==4.0.0",  # lerobot 0.4.4: datasets>=4.0.0,<5
+    "huggingface_hub==0.35.3",  # lerobot 0.4.4: >=0.34.2,<0.36
+    "fsspec==2025.3.0",  # datasets 4.0.0: fsspec<=2025.3.0
+    "accelerate==1.10.1",  # lerobot 0.4.4: >=1.10; imported, not called, by the writer
+    *PINS[4:],
+)
+VERSIONS = {"0.3.3": PINS, "0.4.4": PINS_V3}
+
+
 class LerobotEnvError(RuntimeError):
     pass
 
 
-def lerobot_site(cache_root: Path | None = None) -> Path:
+def lerobot_site(cache_root: Path | None = None, version: str = "0.3.3") -> Path:
     """The site folder holding the writer (built on first use; about a minute with a warm pip cache)."""
+    pins = VERSIONS[version]
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
-    digest = hashlib.sha256("\n".join(PINS).encode()).hexdigest()[:12]
-    final = cache_root / f"lerobot-0.3.3-{digest}"
+    digest = hashlib.sha256("\n".join(pins).encode()).hexdigest()[:12]
+    final = cache_root / f"lerobot-{version}-{digest}"
     if (final / "site" / "lerobot").is_dir():
         return final / "site"
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -62,12 +79,12 @@ def lerobot_site(cache_root: Path | None = None) -> Path:
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-             "--target", str(tmp / "site"), *PINS],
+             "--target", str(tmp / "site"), *pins],
             capture_output=True, text=True,
         )  # fmt: skip
         if proc.returncode != 0:
-            raise LerobotEnvError(f"pip install --target ... {' '.join(PINS)} failed:\n{proc.stderr[-3000:]}")
-        (tmp / "PINS").write_text("\n".join(PINS) + "\n")
+            raise LerobotEnvError(f"pip install --target ... {' '.join(pins)} failed:\n{proc.stderr[-3000:]}")
+        (tmp / "PINS").write_text("\n".join(pins) + "\n")
         try:
             os.rename(tmp, final)
         except OSError:

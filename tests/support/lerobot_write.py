@@ -1,10 +1,12 @@
-"""Write a small LeRobot v2.1 dataset with lerobot 0.3.3's own writer (run by tests/support/lerobot_env.py
-`run_writer`, inside the cached test-only environment; never imported by the suite itself).
+"""Write a small LeRobot dataset with lerobot's own writer: v2.1 with lerobot 0.3.3, v3.0 with 0.4.4 (run by
+tests/support/lerobot_env.py `run_writer`, inside a cached test-only environment; the suite imports only
+TASKS and frame() from it).
 
     python lerobot_write.py ROOT --episodes 3 --length 13 [--size 32] [--vcodec libsvtav1]
 
 Features: two video cameras (`observation.images.front`, `observation.images.wrist`, encoded by
-`save_episode` with lerobot's defaults: libsvtav1, yuv420p, g=2, crf=30, unless --vcodec), one image
+`save_episode` with lerobot's defaults: libsvtav1, yuv420p, g=2, crf=30, unless --vcodec; lerobot 0.4.x
+concatenates every episode's video into videos/<camera>/chunk-000/file-000.mp4), one image
 camera (`observation.images.still`: PNG bytes in the parquet, lossless), `observation.state` (6,) and
 `action` (7,) float32. Episode e's task is TASKS[e % 2]. The exact frames written go to
 ROOT/../<name>.frames.npz (`<camera>__<episode>` -> (T, H, W, 3) uint8) for the tests to compare.
@@ -62,10 +64,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     _stub_torchvision()
+    import lerobot
     from lerobot.datasets import lerobot_dataset, video_utils
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    if args.vcodec:  # lerobot 0.3.3's save_episode always calls encode_video_frames with its defaults
+    v3 = not lerobot.__version__.startswith("0.3")
+    if args.vcodec and not v3:  # lerobot 0.3.3's save_episode calls encode_video_frames with its defaults
         original = video_utils.encode_video_frames
 
         def encode(imgs_dir, video_path, fps, **kwargs):
@@ -83,7 +87,7 @@ def main(argv: list[str]) -> int:
     }  # fmt: skip
     ds = LeRobotDataset.create(
         repo_id="lingbot/test", fps=10, features=features, root=args.root, robot_type="test_arm",
-        use_videos=True, image_writer_threads=0,
+        use_videos=True, image_writer_threads=0, **({"vcodec": args.vcodec} if v3 and args.vcodec else {}),
     )  # fmt: skip
     written: dict[str, np.ndarray] = {}
     rng = np.random.default_rng(0)
@@ -95,10 +99,16 @@ def main(argv: list[str]) -> int:
                 frames[k].append(img)
             state = np.sin(0.2 * t + np.arange(6, dtype=np.float32) + e).astype(np.float32)
             action = (0.1 * t + rng.normal(size=7)).astype(np.float32)
-            ds.add_frame({**row, "observation.state": state, "action": action}, task=TASKS[e % 2])
-        ds.save_episode()
+            values = {**row, "observation.state": state, "action": action}
+            if v3:  # lerobot 0.4.x: the task is a key of the frame
+                ds.add_frame({**values, "task": TASKS[e % 2]})
+            else:
+                ds.add_frame(values, task=TASKS[e % 2])
+        ds.save_episode(**({"parallel_encoding": False} if v3 else {}))
         for k, imgs in frames.items():
             written[f"{k}__{e}"] = np.stack(imgs)
+    if v3:
+        ds.finalize()  # lerobot 0.4.x: closes the parquet writers (their footers)
     np.savez_compressed(args.root.parent / f"{args.root.name}.frames.npz", **written)  # type: ignore[arg-type]
     print(f"wrote {args.episodes} episodes to {args.root}")
     return 0

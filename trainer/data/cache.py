@@ -15,7 +15,9 @@ The spec (CacheSpec) is everything the latents depend on: encoder name + config 
 config hash, prompt, cameras, resolution / latent grid, temporal factor, task, include_failed. A different
 spec is a different directory, so configs never overwrite each other's caches. Each source file is
 fingerprinted by size + mtime_ns + sha256: a changed size, or a changed mtime with a different checksum,
-makes the cache stale, and so does a file added or removed; the trainer refuses a stale cache (or a
+makes the cache stale, and so does a file added or removed (a source inside a file that holds several
+episodes, `<file>.parquet/episode_XXXXXX` (LeRobot v3.0), is fingerprinted by that file: source_file);
+the trainer refuses a stale cache (or a
 manifest whose spec disagrees with its directory) naming what differs. `prepare` is resumable: an episode
 entry whose fingerprint and spec hash match is not redone, so a killed run continues where it stopped.
 Every file is written atomically (provision/atomic.py): a write that runs out of space or quota leaves no
@@ -110,6 +112,13 @@ def cache_dir(base: Path, spec: CacheSpec, elsewhere: str = "") -> Path:
 def entry_path(directory: Path, base: Path, source: Path) -> Path:
     rel = source.relative_to(base).as_posix().replace("/", "__")
     return directory / "episodes" / f"{rel}.npz"
+
+
+def source_file(source: Path) -> Path:
+    """The file holding a source's bytes: the source, or the .parquet it names an episode of."""
+    return (
+        source.parent if source.parent.suffix == ".parquet" and source.name.startswith("episode_") else source
+    )
 
 
 def fingerprint(path: Path, content: bytes | None = None) -> dict[str, Any]:
@@ -228,7 +237,7 @@ def prepare_entries(
             continue
         entry = entry_path(directory, base, source)
         meta = read_meta(entry) if entry.is_file() else None
-        st = source.stat()
+        st = source_file(source).stat()
         if (
             meta is not None
             and meta.get("spec") == spec.digest()
@@ -342,10 +351,10 @@ def check_manifest(now: Discovery, directory: Path, spec: CacheSpec) -> dict:
         entry = known.get(rel)
         if entry is None:
             continue
-        st, fp = source.stat(), entry["source"]
+        st, fp = source_file(source).stat(), entry["source"]
         if st.st_size != fp["size"]:
             problems.append(f"{rel}: size {st.st_size} != {fp['size']} when cached")
-        elif st.st_mtime_ns != fp["mtime_ns"] and fingerprint(source)["sha256"] != fp["sha256"]:
+        elif st.st_mtime_ns != fp["mtime_ns"] and fingerprint(source_file(source))["sha256"] != fp["sha256"]:
             problems.append(f"{rel}: content changed (sha256 differs) since it was cached")
         if len(problems) >= 5:
             break

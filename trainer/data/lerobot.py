@@ -1,5 +1,5 @@
-"""LeRobot datasets as LeRobot writes them (codebase v2.0/v2.1: lerobot 0.1-0.3; read, checked against
-huggingface/lerobot, never copied):
+"""LeRobot datasets as LeRobot writes them (codebase v2.0/v2.1: lerobot 0.1-0.3; v3.0: lerobot 0.4, its
+layout in trainer/data/lerobot_v3.py; read, checked against huggingface/lerobot, never copied):
 
     <root>/meta/info.json            codebase_version, fps, chunks_size, data_path / video_path templates,
                                      features: key -> {dtype (video | image | float32 ...), shape, info}
@@ -13,7 +13,9 @@ huggingface/lerobot, never copied):
 
     ds = load(root)                              # LeRobotInfo; DatasetError naming the file and the fix
     is_lerobot(root)                             # meta/info.json exists (data.format: auto)
-    ds.files()                                   # the episodes' parquet files, in episode order
+    ds.files()                                   # the episodes' sources, in episode order: v2 their
+                                                 # parquet files, v3.0 <data file>/episode_XXXXXX
+    ds.backing(source)                           # the file a source's rows live in (its fingerprint)
     read_episode(ds, parquet, cameras, action_map)  # frames per camera, mapped actions, task
 
 Cameras are feature keys of dtype video (decoded with trainer/data/video.py) or image (PNG/JPEG bytes in
@@ -21,7 +23,8 @@ the parquet, lossless). Actions: data.action_map lists the columns (or slices, `
 fill the used action channels, in order (e.g. ["action"] or ["action[0:6]", "observation.state[6]"]).
 Row i holds observation i and the action taken there (leading to observation i + 1), which is
 FurnitureBench's convention once the last action is ignored (trainer/data/stream.py's time layout).
-The v3.0 layout (lerobot >= 0.4: many episodes per file, meta/episodes/ parquet) is refused, named.
+v3.0 (many episodes per file): an episode's rows are selected from its data file by episode_index, its
+frames from its camera file by the from/to timestamps in meta/episodes/; the same checks apply.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data import lerobot_v3
 from trainer.data.furniturebench import DatasetError
 from trainer.data.video import VideoError, check_decodable, decode_video
 
 INFO = "meta/info.json"
 LAYOUT = "LeRobot {version} (meta/info.json, data/chunk-*/, videos/chunk-*/)"
+LAYOUT_V3 = "LeRobot {version} (meta/info.json, meta/episodes/, data/chunk-*/file-*, videos/*/chunk-*/file-*)"
 _SLICE = re.compile(r"^(?P<key>[^\[\]]+)(\[(?P<a>\d+)(:(?P<b>\d+))?\])?$")
 
 
@@ -67,35 +72,83 @@ class LeRobotInfo:
     tasks: list[str]  # by task_index
     stats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # key -> stat -> array
     stats_file: str = ""
+    _by_index: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @property
+    def v3(self) -> bool:
+        return self.version.startswith("v3")
 
     @property
     def layout(self) -> str:
-        return LAYOUT.format(version=self.version)
+        return (LAYOUT_V3 if self.v3 else LAYOUT).format(version=self.version)
+
+    @property
+    def episodes_file(self) -> Path:
+        return self.root / (lerobot_v3.EPISODES_DIR if self.v3 else "meta/episodes.jsonl")
+
+    def _rows(self) -> dict[int, dict[str, Any]]:
+        """episode_index -> its row, built once (a v3.0 dataset may list thousands)."""
+        if len(self._by_index) != len(self.episodes):
+            self._by_index = {int(e["episode_index"]): e for e in self.episodes}
+        return self._by_index
+
+    def _row(self, episode: int) -> dict[str, Any]:
+        if episode not in self._rows():
+            raise DatasetError(f"{self.episodes_file}: episode {episode} not listed")
+        return self._rows()[episode]
 
     def parquet(self, episode: int) -> Path:
+        """The episode's data file (v3.0: shared with other episodes)."""
+        if self.v3:
+            row = self._row(episode)
+            chunk, file = int(row["data/chunk_index"]), int(row["data/file_index"])
+            return self.root / self.data_path.format(chunk_index=chunk, file_index=file)
         chunk = episode // self.chunks_size
         return self.root / self.data_path.format(episode_chunk=chunk, episode_index=episode)
 
     def video(self, episode: int, camera: str) -> Path:
+        if self.v3:
+            row = self._row(episode)
+            chunk, file = row.get(f"videos/{camera}/chunk_index"), row.get(f"videos/{camera}/file_index")
+            if chunk is None or file is None:
+                raise DatasetError(
+                    f"{self.episodes_file}: episode {episode} has no videos/{camera}/chunk_index; camera "
+                    f"{camera} has no video for it: re-record it or drop the camera from data.cameras"
+                )
+            return self.root / self.video_path.format(
+                video_key=camera, chunk_index=int(chunk), file_index=int(file)
+            )
         chunk = episode // self.chunks_size
         return self.root / self.video_path.format(
             episode_chunk=chunk, video_key=camera, episode_index=episode
         )
 
     def files(self) -> list[Path]:
+        if self.v3:
+            return [lerobot_v3.episode_source(self.parquet(int(e["episode_index"])), int(e["episode_index"]))
+                    for e in self.episodes]  # fmt: skip
         return [self.parquet(int(e["episode_index"])) for e in self.episodes]
 
-    def episode_of(self, parquet: Path) -> dict[str, Any]:
+    def backing(self, source: Path) -> Path:
+        return source.parent if self.v3 and lerobot_v3.source_episode(source) is not None else source
+
+    def episode_of(self, source: Path) -> dict[str, Any]:
+        index = lerobot_v3.source_episode(source) if self.v3 else None
+        if index in self._rows() and lerobot_v3.episode_source(self.parquet(index), index) == source:
+            return self._rows()[index]  # v3.0's usual case, without a scan
         for e in self.episodes:
-            if self.parquet(int(e["episode_index"])) == parquet:
+            index = int(e["episode_index"])
+            if (
+                lerobot_v3.episode_source(self.parquet(index), index) if self.v3 else self.parquet(index)
+            ) == source:
                 return e
-        raise DatasetError(f"{parquet}: not an episode listed in {self.root / 'meta/episodes.jsonl'}")
+        raise DatasetError(f"{source}: not an episode listed in {self.episodes_file}")
 
     def task_of(self, episode: dict[str, Any]) -> str:
         tasks = episode.get("tasks") or []
         if not tasks:
             raise DatasetError(
-                f"{self.root / 'meta/episodes.jsonl'}: episode {episode.get('episode_index')} has no task; "
+                f"{self.episodes_file}: episode {episode.get('episode_index')} has no task; "
                 "record the episode with a task (LeRobotDataset.add_frame(..., task=...))"
             )
         return str(tasks[0])
@@ -110,19 +163,20 @@ def load(root: Path) -> LeRobotInfo:
     except (OSError, ValueError) as exc:
         raise DatasetError(f"{path}: unreadable ({exc}); is {root} a LeRobot dataset root?") from exc
     version = str(info.get("codebase_version", ""))
-    if version.startswith("v3"):
+    if not (version.startswith("v2") or version == "v3.0"):
         raise DatasetError(
-            f"{path}: codebase_version {version}: the LeRobot v3.0 layout (lerobot >= 0.4) is not read yet; "
-            "convert it to v2.1 (the layout lerobot 0.3.x writes, which upstream LingBot-VA uses)"
+            f"{path}: codebase_version {version!r}: only LeRobot v2.0/v2.1 and v3.0 datasets are read "
+            "(lerobot 0.1-0.4 write them)"
         )
-    if not version.startswith("v2"):
-        raise DatasetError(f"{path}: codebase_version {version!r}: only LeRobot v2.0/v2.1 datasets are read")
     for key in ("fps", "features", "data_path"):
         if key not in info:
             raise DatasetError(f"{path}: {key}: missing; the file is not what lerobot writes")
-    episodes = sorted(_json_lines(root / "meta/episodes.jsonl"), key=lambda e: int(e["episode_index"]))
-    task_rows = _json_lines(root / "meta/tasks.jsonl")
-    tasks = [str(r["task"]) for r in sorted(task_rows, key=lambda r: int(r["task_index"]))]
+    if version.startswith("v3"):
+        episodes, tasks = lerobot_v3.read_meta(root)
+    else:
+        episodes = sorted(_json_lines(root / "meta/episodes.jsonl"), key=lambda e: int(e["episode_index"]))
+        task_rows = _json_lines(root / "meta/tasks.jsonl")
+        tasks = [str(r["task"]) for r in sorted(task_rows, key=lambda r: int(r["task_index"]))]
     ds = LeRobotInfo(
         root=root, version=version, fps=float(info["fps"]), chunks_size=int(info.get("chunks_size", 1000)),
         data_path=str(info["data_path"]), video_path=str(info.get("video_path") or ""),
@@ -212,6 +266,7 @@ def parse_action_map(ds: LeRobotInfo, entries: list[str]) -> list[tuple[str, int
 def mapped_stats(ds: LeRobotInfo, channels: list[tuple[str, int]]) -> dict[str, list[float]]:
     """The dataset's statistics of the mapped action channels: stat -> one value per channel."""
     have = set.intersection(*(set(ds.stats.get(k, {})) for k, _ in channels)) if channels else set()
+    have.discard("count")  # one value per feature (lerobot 0.4's stats.json), not per channel
     if not ds.stats or not {"mean", "std"} <= have:
         raise DatasetError(
             f"{ds.root / 'meta'}: no statistics of {sorted({k for k, _ in channels})} (meta/stats.json or "
@@ -264,11 +319,15 @@ def read_episode(
         ) from exc
     episode = ds.episode_of(parquet)
     index = int(episode["episode_index"])
-    if not parquet.is_file():
+    parquet = ds.backing(parquet)
+    if ds.v3:
+        table = lerobot_v3.episode_rows(parquet, episode)
+    elif not parquet.is_file():
         raise DatasetError(
             f"{parquet}: episode {index}'s parquet file missing (listed in meta/episodes.jsonl)"
         )
-    table = pq.read_table(parquet)
+    else:
+        table = pq.read_table(parquet)
     rows, info = table.num_rows, ds.root / INFO
     images: dict[str, np.ndarray] = {}
     videos: dict[str, Path] = {}
@@ -282,6 +341,9 @@ def read_episode(
                 f"{videos[cam]}: video of episode {index}, camera {cam} missing; restore it or re-encode "
                 "the episode (lerobot's encode_video_frames)"
             )
+        if ds.v3:
+            images[cam] = lerobot_v3.episode_frames(ds, episode, cam, videos[cam])
+            continue
         try:
             images[cam] = decode_video(videos[cam])
         except VideoError as exc:

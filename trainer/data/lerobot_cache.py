@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from trainer.data import upstream
-from trainer.data.cache import _npz_bytes, _write_bytes, fingerprint
+from trainer.data.cache import _npz_bytes, _write_bytes, fingerprint, source_file
 from trainer.data.furniturebench import DatasetError
 from trainer.data.lerobot import LeRobotInfo, mapped_stats, parse_action_map, read_episode
 
@@ -43,6 +43,14 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
     cameras = list(cfg.data.cameras)
     channels = parse_action_map(ds, list(cfg.data.action_map))
     mode = cfg.data.upstream_latents
+    seen: dict[tuple[str, int, int], dict[str, Any]] = {}  # v3.0: many episodes share a file; hash it once
+
+    def file_fingerprint(path: Path) -> dict[str, Any]:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        if key not in seen:
+            seen[key] = fingerprint(path)
+        return seen[key]
 
     def encode(source: Path, entry: Path, spec, _video, on_frames=None) -> dict[str, Any]:
         episode = read_episode(ds, source, cameras if mode != "read" else [], channels)
@@ -58,13 +66,14 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
         arrays: dict[str, np.ndarray] = {f"latents__{c}": latents[c].astype(STORAGE_DTYPE) for c in cameras}
         if episode.task not in ds.tasks:
             raise DatasetError(
-                f"{ds.root / 'meta/tasks.jsonl'}: episode {episode.index}: task {episode.task!r} not listed;"
-                " meta/episodes.jsonl and tasks.jsonl disagree: rewrite them with lerobot"
+                f"{ds.root / ('meta/tasks.parquet' if ds.v3 else 'meta/tasks.jsonl')}: episode "
+                f"{episode.index}: task {episode.task!r} not listed; {ds.episodes_file} and the task table "
+                "disagree: rewrite them with lerobot"
             )
         task_index = ds.tasks.index(episode.task)
         arrays.update(actions=episode.actions, task_index=np.array(task_index))
         meta: dict[str, Any] = {
-            "source": fingerprint(source),
+            "source": file_fingerprint(source_file(source)),
             "spec": spec.digest(),
             "notes": [],
             "status": "used",
@@ -74,7 +83,9 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
             "episode_index": episode.index,
             "task": episode.task,
             "task_index": task_index,
-            "videos": {p.relative_to(ds.root).as_posix(): fingerprint(p) for p in episode.videos.values()},
+            "videos": {
+                p.relative_to(ds.root).as_posix(): file_fingerprint(p) for p in episode.videos.values()
+            },
         }
         if mode == "read":
             meta["notes"] = ["latents read from the reference's latents/ layout (not encoded here)"]

@@ -41,7 +41,7 @@ def _length(ds: LeRobotInfo, episode: int) -> int:
     for e in ds.episodes:
         if int(e["episode_index"]) == episode:
             return int(e["length"])
-    raise DatasetError(f"{ds.root / 'meta/episodes.jsonl'}: episode {episode} not listed")
+    raise DatasetError(f"{ds.episodes_file}: episode {episode} not listed")
 
 
 def write_episode_latents(ds: LeRobotInfo, episode: int, latents: dict, text_emb: np.ndarray, spec) -> None:

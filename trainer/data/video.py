@@ -1,6 +1,8 @@
 """Decode a LeRobot episode video into RGB frames, with PyAV (the FFmpeg bindings LeRobot itself uses).
 
     frames = decode_video(path)      # (T, H, W, 3) uint8, every frame in presentation order
+    frames = decode_segment(path, start, end)  # the frames whose timestamps t satisfy start <= t < end
+                                               # (LeRobot v3.0: many episodes per file)
 
 Why PyAV: its pip wheels bundle an FFmpeg with libdav1d and libaom (AV1, LeRobot's default codec,
 `libsvtav1` at encode time), H.264 and HEVC decoders, so nothing depends on the system's ffmpeg; lerobot
@@ -39,6 +41,12 @@ def decoders() -> set[str]:
 
 def decode_video(path: Path) -> np.ndarray:
     """Every frame of the first video stream of `path` as (T, H, W, 3) uint8 RGB."""
+    return decode_segment(path, None, None)
+
+
+def decode_segment(path: Path, start: float | None, end: float | None) -> np.ndarray:
+    """The frames of the first video stream with start <= timestamp < end (None: unbounded), RGB uint8.
+    Seeks to the keyframe at or before `start`, then decodes forward (the file may hold hours)."""
     av = _av()
     path = Path(path)
     if not path.is_file():
@@ -56,12 +64,20 @@ def decode_video(path: Path) -> np.ndarray:
             raise VideoError(_no_decoder(path, str(codec)))
         frames = []
         try:
+            if start is not None and start > 0 and stream.time_base is not None:
+                container.seek(int(start / stream.time_base), stream=stream, backward=True)
             for frame in container.decode(stream):
+                t = frame.time
+                if t is not None and start is not None and t < start:
+                    continue
+                if t is not None and end is not None and t >= end:
+                    break
                 frames.append(frame.to_ndarray(format="rgb24"))
         except av.error.FFmpegError as exc:
             raise VideoError(f"{path}: decoding {codec} failed ({exc}); the file may be truncated") from exc
     if not frames:
-        raise VideoError(f"{path}: no frames decoded")
+        where = "" if start is None and end is None else f" between {start} s and {end} s"
+        raise VideoError(f"{path}: no frames decoded{where}; the file is shorter than its metadata says")
     return np.stack(frames)
 
 

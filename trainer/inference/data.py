@@ -1,10 +1,12 @@
 """The episodes an evaluation runs on, exactly as training sees them, and the sampler for a run config.
 
-`load_episodes(cfg)` goes through the training data path (trainer/data/stream.py: dataset, latent cache,
-BatchStream on one process, rank 0 of 1), so latents and normalised actions are the ones the model was
-trained on (same normaliser, same clipping, same lead-in), and names each episode by its source file
-relative to the dataset root, in the order BatchStream holds them (the manifest's used episodes with at
-least data.frames latent frames, as stream.load_cached keeps them).
+`load_episodes(cfg)` goes through the training data path (trainer/data/stream.py build_stream: dataset,
+latent cache, BatchStream on one process, rank 0 of 1; several LeRobot roots as training combines them),
+so latents and normalised actions are the ones the model was trained on (same normaliser, same clipping,
+same lead-in), and names each episode as training's split does (its source file relative to the dataset
+root; `<k>:<root name>/<file>` with several roots), in the order BatchStream holds them. Each episode
+carries its own prompt: a LeRobot episode's task embedding (the prompt it was trained with), else the
+dataset's one prompt; the sampler is given it before the episode (evaluate.evaluate_episode).
 """
 
 from __future__ import annotations
@@ -30,48 +32,39 @@ class EvalData:
     action_mask: torch.Tensor
     prompt_emb: torch.Tensor
     empty_emb: torch.Tensor
+    prompts: list[torch.Tensor] | None = None  # (L, D) per episode (LeRobot: its task); None: prompt_emb
 
     def select(self, names: Sequence[str]) -> list[Episode]:
         index = {n: i for i, n in enumerate(self.names)}
-        return [Episode(n, self.latents[index[n]], self.actions[index[n]]) for n in names]
-
-
-def _names(manifest: dict, frames: int) -> list[str]:
-    return [
-        ep["file"] for ep in manifest["episodes"] if ep["status"] == "used" and ep["latent_frames"] >= frames
-    ]
+        prompts = self.prompts
+        return [
+            Episode(
+                n,
+                self.latents[index[n]],
+                self.actions[index[n]],
+                None if prompts is None else prompts[index[n]],
+            )
+            for n in names
+        ]
 
 
 def load_episodes(cfg) -> EvalData:
-    from trainer.data.multiroot import data_roots
-    from trainer.data.normalize import dataset_normalizer
-    from trainer.data.prepare import data_root, ensure_cache
-    from trainer.data.sources import discover_source
-    from trainer.data.stream import BatchStream, ensure_dataset, load_cached
+    from trainer.data.stream import build_stream
 
-    if len(data_roots(cfg)) > 1:
-        raise DatasetError(
-            f"data.path={cfg.data.path}: bin/evaluate reads one dataset root; pick one with "
-            "--set data.path=<root> (its held-out episodes are then that root's own split)"
-        )
-    log = print
-    ensure_dataset(cfg)
-    directory, manifest = ensure_cache(cfg, 0, 1, log)
-    found = discover_source(cfg, data_root(cfg))
-    latents, actions, text, _, _ = load_cached(cfg, directory, manifest, found, log)
-    names = _names(manifest, cfg.data.frames)
-    if not latents or len(names) != len(latents):
-        raise DatasetError(f"{directory}: {len(latents)} usable episodes, {len(names)} named in its manifest")
-    normalised = manifest["spec"]["encoder"] != "patch_mean"
-    normalizer = dataset_normalizer(cfg, manifest, directory)
-    stream = BatchStream(cfg, 0, 1, latents, actions, text, normalised=normalised, normalizer=normalizer)
+    stream = build_stream(cfg, 0, 1)
+    names = list(stream.names)
+    if not stream.latents or len(names) != len(stream.latents):
+        raise DatasetError(f"{cfg.data.path}: {len(stream.latents)} usable episodes, {len(names)} named")
     grid = tuple(stream.latents[0].shape[1:])
     m = cfg.model
     if grid[0] != m.latent_channels:
         raise DatasetError(
-            f"{directory}: latents have {grid[0]} channels, the model takes {m.latent_channels} "
+            f"{cfg.data.path}: latents have {grid[0]} channels, the model takes {m.latent_channels} "
             "(evaluate with the data config the model was trained on)"
         )
+    prompts = None
+    if stream.task_emb is not None:  # LeRobot: the task of each episode
+        prompts = [stream.task_emb[k].clone() for k in stream.episode_task]
     return EvalData(
         names=names,
         latents=[x.float() for x in stream.latents],
@@ -81,6 +74,7 @@ def load_episodes(cfg) -> EvalData:
         action_mask=stream.action_mask,
         prompt_emb=stream.text_emb,
         empty_emb=stream.empty_emb,
+        prompts=prompts,
     )
 
 

@@ -34,6 +34,7 @@ class Episode:
     name: str
     latents: torch.Tensor  # [L, C, H, W]
     actions: torch.Tensor  # [L*N, A] normalised, unused channels zero
+    prompt_emb: torch.Tensor | None = None  # (L, D): its own prompt (a LeRobot task); None: the sampler's
 
 
 @dataclass
@@ -75,6 +76,8 @@ def evaluate_episode(
     f, n = sampler.icfg.frames_per_chunk, sampler.model.apf
     chunks = ep.latents.shape[0] // f
     err.frames_skipped += ep.latents.shape[0] - chunks * f
+    if ep.prompt_emb is not None:
+        sampler.set_prompt(ep.prompt_emb)
     sampler.reset()
     for k in range(chunks):
         frames = slice(k * f, (k + 1) * f)

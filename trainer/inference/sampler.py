@@ -3,6 +3,7 @@
     sampler = ChunkSampler(model, cfg.infer, action_mask, prompt_emb, empty_emb)
     chunk = sampler.sample(first_latent=obs_latent0)      # chunk 0: frame 0 is the observed one
     sampler.observe(real_latents, executed_actions)       # history: F real frames and their actions
+    sampler.set_prompt(task_emb); sampler.reset()         # another episode, with its own prompt
     chunk = sampler.sample()                              # the next chunk, through the cache
     robot = to_robot_units(chunk.actions, normalizer, slots)
 
@@ -71,6 +72,10 @@ class ChunkSampler:
         self.video_schedule = FlowSchedule.make(icfg.video_steps, icfg.video_shift)
         self.action_schedule = FlowSchedule.make(icfg.action_steps, icfg.action_shift)
         self.reset()
+
+    def set_prompt(self, prompt_emb) -> None:
+        """The conditional row's prompt from now on (the empty prompt row stays); reset() before use."""
+        self.text[0] = torch.as_tensor(prompt_emb, dtype=torch.float32).to(self.device)
 
     def reset(self) -> None:
         self.frame = 0

@@ -57,7 +57,7 @@ def _lerobot_note(cfg: RunConfig, root) -> str:
     try:
         ds = lerobot.load(root)
         if not ds.episodes:
-            raise DatasetError(f"{root / 'meta/episodes.jsonl'}: lists no episodes; record some with lerobot")
+            raise DatasetError(f"{ds.episodes_file}: lists no episodes; record some with lerobot")
         cams = list(cfg.data.cameras)
         if cfg.data.upstream_latents != "read":
             lerobot.check_cameras(ds, cams)
@@ -66,8 +66,8 @@ def _lerobot_note(cfg: RunConfig, root) -> str:
             index = int(e["episode_index"])
             if not ds.parquet(index).is_file():
                 raise DatasetError(
-                    f"{ds.parquet(index)}: episode {index}'s parquet missing (meta/episodes.jsonl lists it)"
-                    "; restore it or remove the episode from meta/"
+                    f"{ds.parquet(index)}: episode {index}'s parquet missing ({ds.episodes_file.name} lists "
+                    "it); restore it or remove the episode from meta/"
                 )
             for cam in cams if cfg.data.upstream_latents != "read" else []:
                 if ds.features[cam]["dtype"] == "video" and not ds.video(index, cam).is_file():
