@@ -28,8 +28,8 @@ def _av():
     except ImportError as exc:
         raise VideoError(
             "PyAV is not installed in this environment (LeRobot videos need it): `pip install av==15.1.0` "
-            "(pyproject.toml declares it; the provisioned env gets it once environment.yml is relocked: "
-            "docs/data.md)"
+            "(environment.yml and conda-lock.yml list it: an env provisioned from an older lock lacks it; "
+            "reprovision with `bin/provision lingbot-b200`)"
         ) from exc
     return av
 
