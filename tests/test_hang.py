@@ -271,7 +271,10 @@ def slurm(tmp_path_factory):
     from tests.support.slurm import SlurmCluster, SlurmUnavailable
 
     try:
-        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5)
+        # its own job ids (and so torchrun ports) beside test_slurm's cluster, which may run at once
+        cluster = SlurmCluster.start(
+            tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5, first_job_id=5001
+        )
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
@@ -279,6 +282,7 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.heavy
+@pytest.mark.xdist_group("hang-slurm")  # needs none of the module's other runs: may run beside them
 def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good(tmp_path, base_env, slurm):
     run_dir, pause = tmp_path / "run", tmp_path / "pause"
     pause.mkdir()
