@@ -82,13 +82,17 @@ def rank(item: pytest.Item) -> tuple[int, int]:
     return (1, 0) if item.get_closest_marker("heavy") is not None else (2, 0)
 
 
-@pytest.hookimpl(trylast=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The group as a mark, as soon as the test exists: before any pytest_collection_modifyitems (xdist's
+    own, which turns the mark into the nodeid's @group suffix, may run before ours)."""
+    group = group_of(item)
+    if group is not None and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long-first order (a stable sort: the same in every worker)."""
     items.sort(key=rank)
-    for item in items:
-        group = group_of(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
