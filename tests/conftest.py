@@ -2,7 +2,7 @@
 
 Every test is in exactly one lane, `fast` or `heavy` (tests/support/lanes.py; its collection hook is
 called here, so a test in neither or both fails the run). The same hook then applies the parallel plan
-(tests/support/schedule.py: xdist groups and the long-first order).
+(tests/support/schedule.py: the long-first order for the xdist workers).
 
 worker             session; a provision.worker_sim.WorkerSimulation. Strictness is asserted
                    before every test that uses it; skips (never passes) where namespaces or
@@ -35,7 +35,7 @@ from provision.worker_sim import WorkerSimulation, available  # noqa: E402
 from tests.support.channel import PREFIX_PLACEHOLDER, index_channel, make_package  # noqa: E402
 from tests.support.lanes import pytest_collection_modifyitems as _lanes  # noqa: E402  (the lane check)
 from tests.support.runs import clean_env, record_preflight  # noqa: E402
-from tests.support.schedule import once, pytest_itemcollected  # noqa: E402, F401  (the groups: a hook)
+from tests.support.schedule import once  # noqa: E402
 from tests.support.schedule import pytest_collection_modifyitems as _schedule  # noqa: E402
 from tests.support.toolchain import toolchain_packages  # noqa: E402
 

@@ -282,7 +282,6 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.heavy
-@pytest.mark.xdist_group("hang-slurm")  # needs none of the module's other runs: may run beside them
 def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good(tmp_path, base_env, slurm):
     run_dir, pause = tmp_path / "run", tmp_path / "pause"
     pause.mkdir()

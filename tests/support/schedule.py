@@ -1,16 +1,15 @@
-"""How the whole suite runs in parallel: pytest-xdist workers, groups and order (bin/test passes
-`-n WORKERS --dist loadgroup --no-loadscope-reorder`; plain `pytest` without -n runs the same tests in
+"""How the whole suite runs in parallel: pytest-xdist workers, units and order (bin/test passes
+`-n WORKERS --dist loadscope --no-loadscope-reorder`; plain `pytest` without -n runs the same tests in
 one process, in the order below).
 
 Most of the whole suite's time is waiting, not computing: a Slurm job held for its requeue, a SIGSTOPped
 rank until the hang limit, a save held for 80 s, a job until slurmctld's time-limit check. On 2 cores
 those waits overlap only when tests run at once, hence the workers. What keeps that correct:
 
-- Groups (`xdist_group`): a test that uses a module-scoped fixture (one Slurm cluster and its
-  scenarios, the provisioned envs, one tiny model's runs) runs on the same worker as the rest of its
-  module, so the fixture is built once, as in a serial run. A test's own `xdist_group` mark wins (a
-  module may put one test that needs nothing of the others in a group of its own). Everything else is
-  one unit per test.
+- Units (`--dist loadscope`): a test module is one unit of work, run whole by one worker, so a
+  module-scoped fixture (one Slurm cluster and its scenarios, the provisioned envs, one tiny model's
+  runs) is built once, as in a serial run. (xdist's `loadgroup` would allow finer groups, but with
+  pytest 9 its `xdist_group` marks do not reach the scheduler: every test was sent alone.)
 - Order: the long units first (a worker that picks up the Slurm scenarios at minute 10 ends at minute
   23): collection is sorted by FIRST (nodeid prefixes, the longest measured chains first, see
   docs/tests.md), then the other heavy tests, then the fast ones, each in collection order. The sort is
@@ -34,44 +33,19 @@ import pytest
 
 # The longest chains, measured (docs/tests.md): started first so they never end the run alone.
 FIRST = (
-    "tests/test_slurm.py",
-    "tests/test_hang.py::test_under_slurm",
+    "tests/test_slurm.py",  # 538 s alone (16 scenarios at once)
+    "tests/test_hang.py",  # 328 s, mostly waiting on 40 s hang limits
+    "tests/test_validate.py",
     "tests/test_envcheck.py",
-    "tests/test_worker_simulation.py",
-    "tests/test_hang.py",
+    "tests/test_resume.py",
+    "tests/test_diskspace.py",
     "tests/test_divergence.py",
     "tests/test_two_nodes.py",
+    "tests/test_provision.py",
+    "tests/test_plan.py",
+    "tests/test_train_json.py",
     "tests/test_quota.py",
-    "tests/test_diskspace.py",
-    "tests/test_resume.py",
-    "tests/test_validate.py",
 )
-
-
-def _uses_module_fixture(item: pytest.Item) -> bool:
-    """True when the test uses a fixture built once per module (or a session fixture defined in its own
-    test module: tests/test_envcheck.py's provisioned envs)."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    for defs in info.name2fixturedefs.values():
-        for fixturedef in defs:
-            if fixturedef.scope == "module":
-                return True
-            where = getattr(fixturedef, "baseid", "")
-            if fixturedef.scope == "session" and where.endswith(".py"):
-                return True
-    return False
-
-
-def group_of(item: pytest.Item) -> str | None:
-    """The xdist group a test runs in: its own mark's, its module's, or None (a unit of its own)."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    if _uses_module_fixture(item):
-        return item.nodeid.split("::", 1)[0]
-    return None
 
 
 def rank(item: pytest.Item) -> tuple[int, int]:
@@ -80,14 +54,6 @@ def rank(item: pytest.Item) -> tuple[int, int]:
         if item.nodeid.startswith(prefix):
             return (0, i)
     return (1, 0) if item.get_closest_marker("heavy") is not None else (2, 0)
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """The group as a mark, as soon as the test exists: before any pytest_collection_modifyitems (xdist's
-    own, which turns the mark into the nodeid's @group suffix, may run before ours)."""
-    group = group_of(item)
-    if group is not None and item.get_closest_marker("xdist_group") is None:
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
