@@ -1,7 +1,8 @@
 """Shared fixtures: the compiler-less worker simulation and a local conda channel with a real toolchain.
 
 Every test is in exactly one lane, `fast` or `heavy` (tests/support/lanes.py; its collection hook is
-imported here, so a test in neither or both fails the run).
+called here, so a test in neither or both fails the run). The same hook then applies the parallel plan
+(tests/support/schedule.py: the long-first order for the xdist workers).
 
 worker             session; a provision.worker_sim.WorkerSimulation. Strictness is asserted
                    before every test that uses it; skips (never passes) where namespaces or
@@ -10,7 +11,8 @@ worker_env         function; a clean environment for a process inside the simula
                    TMPDIR and Inductor/Triton caches, OMP_NUM_THREADS=1, no CC/CXX/CPATH/LD_*).
 toolchain_channel  session; Path of an indexed local channel holding the toolchain stand-in
                    (gcc_linux-64, gxx_linux-64, sysroot_linux-64, ...) and `lingbot-probe`.
-preflight_record   session; the record of one real `--preflight-only` pass of the tool env on this node
+preflight_record   session; the record of one real `--preflight-only` pass of the tool env on this node,
+                   made once per run for all xdist workers (schedule.once)
                    (tests/support/runs.py: seed_preflight puts it in a run dir, where the product's own
                    reuse rule decides whether it applies).
 """
@@ -31,8 +33,10 @@ if _REPO not in sys.path:
 
 from provision.worker_sim import WorkerSimulation, available  # noqa: E402
 from tests.support.channel import PREFIX_PLACEHOLDER, index_channel, make_package  # noqa: E402
-from tests.support.lanes import pytest_collection_modifyitems  # noqa: E402, F401  (the lane check: a hook)
+from tests.support.lanes import pytest_collection_modifyitems as _lanes  # noqa: E402  (the lane check)
 from tests.support.runs import clean_env, record_preflight  # noqa: E402
+from tests.support.schedule import once  # noqa: E402
+from tests.support.schedule import pytest_collection_modifyitems as _schedule  # noqa: E402
 from tests.support.toolchain import toolchain_packages  # noqa: E402
 
 TOOL_PYTHON = sys.executable  # the tool venv's python; its base (pyenv) lives outside /usr
@@ -106,7 +110,18 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The lane check (tests/support/lanes.py), then the parallel plan (tests/support/schedule.py)."""
+    _lanes(config, items)
+    _schedule(config, items)
+
+
 @pytest.fixture(scope="session")
 def preflight_record(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("preflight-record")
-    return record_preflight(root / "run", clean_env(root / "no-envs"))
+    """One recorded pass for the whole run, however many xdist workers (tests/support/schedule.py)."""
+    return once(
+        tmp_path_factory,
+        "preflight-record",
+        lambda root: record_preflight(root / "run", clean_env(root / "no-envs")),
+    )

@@ -271,7 +271,10 @@ def slurm(tmp_path_factory):
     from tests.support.slurm import SlurmCluster, SlurmUnavailable
 
     try:
-        cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5)
+        # its own job ids (and so torchrun ports) beside test_slurm's cluster, which may run at once
+        cluster = SlurmCluster.start(
+            tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5, first_job_id=5001
+        )
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster

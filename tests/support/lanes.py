@@ -6,10 +6,10 @@ heavy  the rest; only the whole suite (`bin/test`, what .ci/run runs) runs them.
        the quick lane under 2 minutes: a test that installs or solves packages (provision, pip,
        conda-lock), builds the toolchain channel, or compiles through Inductor for tens of seconds.
 
-`pytest_collection_modifyitems` (imported by tests/conftest.py, so it is a hook of every run) fails the
-collection, naming each test, when a test carries neither marker or both (a module's `pytestmark` and a
-test's own decorator count together). It runs before `-m` deselects anything, so `-m fast` checks the
-heavy tests too.
+`pytest_collection_modifyitems` (called first by tests/conftest.py's own hook, so it runs in every run;
+`-p tests.support.lanes` makes it a hook on its own) fails the collection, naming each test, when a test
+carries neither marker or both (a module's `pytestmark` and a test's own decorator count together).
+It runs before `-m` deselects anything, so `-m fast` checks the heavy tests too.
 """
 
 from __future__ import annotations

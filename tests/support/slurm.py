@@ -31,7 +31,10 @@ cgroups are not usable in this sandbox), with these test choices:
   Port=, spool, pid and log file through %n), in partition PAIR_PARTITION: a job there gets
   `--nodes N` of them. Debian's 22.05 build runs several slurmd on one host this way (NodeHostname is
   this host for all of them). Their names (<host>-p1, ...) are not in DNS, so a job there needs its
-  MASTER_ADDR set (127.0.0.1); the main node keeps the host's own name.
+  MASTER_ADDR set (127.0.0.1); the main node keeps the host's own name;
+- `first_job_id` (FirstJobId): bin/train derives torchrun's port from the job id (20000 + id % 20000),
+  so two clusters that run at once (xdist workers) take job id ranges that do not meet; the ctld and
+  slurmd ports are free ports picked at start.
 """
 
 from __future__ import annotations
@@ -100,7 +103,15 @@ def pair_node_names(node: str, count: int) -> list[str]:
     return [f"{node}-p{i}" for i in range(1, count + 1)]
 
 
-def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int, pair_nodes: int = 0) -> str:
+def slurm_conf(
+    root: Path,
+    node: str,
+    cpus: int,
+    requeue_delay_s: int,
+    gpus: int,
+    pair_nodes: int = 0,
+    first_job_id: int = 1,
+) -> str:
     memory = max(1024, int(_node_memory_mib() * 0.8))
     ctld_port, slurmd_port = _free_port(), _free_port()
     pairs = [
@@ -136,6 +147,7 @@ def slurm_conf(root: Path, node: str, cpus: int, requeue_delay_s: int, gpus: int
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobRequeue=1",
+            f"FirstJobId={first_job_id}",
             "MinJobAge=3600",
             "KillWait=60",  # 30 s by default; a test choice, see the module docstring
             "ReturnToService=2",
@@ -177,7 +189,14 @@ class SlurmCluster:
 
     @classmethod
     def start(
-        cls, root: Path, *, cpus: int = 8, requeue_delay_s: int = 5, gpus: int = 2, pair_nodes: int = 0
+        cls,
+        root: Path,
+        *,
+        cpus: int = 8,
+        requeue_delay_s: int = 5,
+        gpus: int = 2,
+        pair_nodes: int = 0,
+        first_job_id: int = 1,
     ) -> SlurmCluster:
         if os.geteuid() != 0:
             raise SlurmUnavailable("the Slurm daemons run as root here (SlurmUser=root) and we are not root")
@@ -189,7 +208,7 @@ class SlurmCluster:
         for name in (node, *pair_node_names(node, pair_nodes)):
             (root / "spool" / name).mkdir(parents=True, exist_ok=True)
         conf = root / "slurm.conf"
-        conf.write_text(slurm_conf(root, node, cpus, requeue_delay_s, gpus, pair_nodes))
+        conf.write_text(slurm_conf(root, node, cpus, requeue_delay_s, gpus, pair_nodes, first_job_id))
         # slurmd 22.05 counts a gpu GRES by its File= entries (Count= alone reports 0 and drains the
         # node): placeholder files stand in for device nodes; with task/none nothing opens them.
         for i in range(gpus):

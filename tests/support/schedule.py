@@ -1,0 +1,112 @@
+"""How the whole suite runs in parallel: pytest-xdist workers, units and order (bin/test passes
+`-n WORKERS --dist loadscope --no-loadscope-reorder`; plain `pytest` without -n runs the same tests in
+one process, in the order below).
+
+Most of the whole suite's time is waiting, not computing: a Slurm job held for its requeue, a SIGSTOPped
+rank until the hang limit, a save held for 80 s, a job until slurmctld's time-limit check. On 2 cores
+those waits overlap only when tests run at once, hence the workers. What keeps that correct:
+
+- Units (`--dist loadscope`): a test module is one unit of work, run whole by one worker, so a
+  module-scoped fixture (one Slurm cluster and its scenarios, the provisioned envs, one tiny model's
+  runs) is built once, as in a serial run. (xdist's `loadgroup` would allow finer groups, but with
+  pytest 9 its `xdist_group` marks do not reach the scheduler: every test was sent alone.)
+- Order: the long units first (a worker that picks up the Slurm scenarios at minute 10 ends at minute
+  23): collection is sorted by FIRST (nodeid prefixes, the longest measured chains first, see
+  docs/tests.md), then the other heavy tests, then the fast ones, each in collection order. The sort is
+  stable and the same in every worker (xdist requires one collection order).
+- Session fixtures that build something once per run (tests/conftest.py's `preflight_record`) are
+  built once for all workers: `shared_dir` is the one directory of this run that every worker sees,
+  and `once` builds under an exclusive lock in it (the other workers wait on the lock, then reuse).
+- Daemons: every Slurm cluster (tests/support/slurm.py) takes its own free ports and its own job id
+  range (torchrun's port under Slurm is derived from the job id), so two clusters may run at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# The longest chains, measured (docs/tests.md): started first so they never end the run alone.
+FIRST = (
+    "tests/test_slurm.py",  # 538 s alone (16 scenarios at once)
+    "tests/test_hang.py",  # 328 s, mostly waiting on 40 s hang limits
+    "tests/test_validate.py",
+    "tests/test_envcheck.py",
+    "tests/test_resume.py",
+    "tests/test_diskspace.py",
+    "tests/test_divergence.py",
+    "tests/test_two_nodes.py",
+    "tests/test_provision.py",
+    "tests/test_train_json.py",
+    "tests/test_quota.py",
+)
+
+
+# Modules that leave process-wide torch state behind, queued last so that no module runs after them in
+# their worker: after tests/test_plan.py (trainer/plan's FakeTensorMode planning) in the same process,
+# test_model/test_parallel/test_pretrained/test_golden_parity fail with DataDependentOutputException
+# (`pytest tests/test_plan.py tests/test_model.py` shows it without xdist; a trainer/plan defect).
+LAST = ("tests/test_plan.py",)
+
+
+def rank(item: pytest.Item) -> tuple[int, int]:
+    """Sort key: FIRST's prefixes in their order, then heavy, then fast, then LAST."""
+    for i, prefix in enumerate(FIRST):
+        if item.nodeid.startswith(prefix):
+            return (0, i)
+    for i, prefix in enumerate(LAST):
+        if item.nodeid.startswith(prefix):
+            return (3, i)
+    return (1, 0) if item.get_closest_marker("heavy") is not None else (2, 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long-first order (a stable sort: the same in every worker)."""
+    items.sort(key=rank)
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This run's directory that every xdist worker sees (pytest's base temp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # .../pytest-N/popen-gwK -> .../pytest-N: this run's, shared by its workers
+    shared = base / "shared"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+def once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path], timeout: float = 900
+) -> Path:
+    """`build(dir)` run once per test run whatever the number of workers; its result for every caller.
+
+    Under an exclusive lock on shared_dir/<name>.lock: the first caller builds into shared_dir/<name>
+    and writes <name>.done (the result's path); later callers wait for the lock (at most `timeout` s),
+    then read it. A build that failed leaves no .done, so the next caller tries again (and fails with its
+    own error)."""
+    shared = shared_dir(tmp_path_factory)
+    done = shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout:.0f} s for another xdist worker to build {name} under {shared}"
+                    ) from None
+                time.sleep(0.2)  # polling a lock another worker holds while it builds, with a deadline
+        if done.is_file():
+            return Path(done.read_text())
+        target = shared / name
+        target.mkdir(exist_ok=True)
+        result = build(target)
+        done.write_text(str(result))
+        return result
