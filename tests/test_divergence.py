@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.runs import seed_preflight
 from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame
 from trainer.outcomes import Diverged
 
@@ -38,7 +39,11 @@ def data_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("episodes") / "furniture"
 
 
-def run(run_dir: Path, data_dir: Path, sets: list[str], nan_at: str | None = None) -> tuple[int, str]:
+def run(
+    run_dir: Path, data_dir: Path, sets: list[str], nan_at: str | None = None, record: Path | None = None
+) -> tuple[int, str]:
+    if record is not None:  # the session's compile-check pass (tests/support/runs.py); not a preflight test
+        seed_preflight(run_dir, record)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
     env["CONDA_ENVS_PATH"] = str(run_dir.parent / "no-envs")  # no provisioned env: the tool env
     env["OMP_NUM_THREADS"] = "1"
@@ -78,9 +83,11 @@ def failure_lines(out: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory, data_dir) -> tuple[Path, int, str]:
+def stopped(tmp_path_factory, data_dir, preflight_record) -> tuple[Path, int, str]:
     run_dir = tmp_path_factory.mktemp("stop") / "run"
-    rc, out = run(run_dir, data_dir, ["train.steps=4", "checkpoint.every=2"], nan_at="3:1")
+    rc, out = run(
+        run_dir, data_dir, ["train.steps=4", "checkpoint.every=2"], nan_at="3:1", record=preflight_record
+    )
     return run_dir, rc, out
 
 
@@ -135,10 +142,10 @@ def test_a_checkpoint_holding_nan_is_refused_in_the_preflight(stopped, data_dir,
 
 
 @pytest.mark.heavy
-def test_skip_drops_the_update_and_stops_after_too_many_in_a_row(tmp_path, data_dir):
+def test_skip_drops_the_update_and_stops_after_too_many_in_a_row(tmp_path, data_dir, preflight_record):
     run_dir = tmp_path / "run"
     sets = ["train.steps=5", "checkpoint.every=1", "train.nonfinite=skip", "train.nonfinite_max_skips=1"]
-    rc, out = run(run_dir, data_dir, sets, nan_at="2,4-5:0")
+    rc, out = run(run_dir, data_dir, sets, nan_at="2,4-5:0", record=preflight_record)
     assert rc == 1, out
     assert "WARNING: step 2: action_loss is nan on rank 0: optimizer step skipped" in out, out
     lines = failure_lines(out)
@@ -157,9 +164,11 @@ def test_skip_drops_the_update_and_stops_after_too_many_in_a_row(tmp_path, data_
 
 
 @pytest.mark.heavy
-def test_a_learning_rate_that_diverges_on_its_own_stops_the_run(tmp_path, data_dir):
+def test_a_learning_rate_that_diverges_on_its_own_stops_the_run(tmp_path, data_dir, preflight_record):
     run_dir = tmp_path / "run"
-    rc, out = run(run_dir, data_dir, ["train.steps=8", "checkpoint.every=1", "train.lr=1e10"])
+    rc, out = run(
+        run_dir, data_dir, ["train.steps=8", "checkpoint.every=1", "train.lr=1e10"], record=preflight_record
+    )
     assert rc == 1, out
     lines = failure_lines(out)
     assert len(lines) == 1 and "diverged at step" in lines[0], out

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.support.runs import seed_preflight
 from trainer.attempt import Attempt, read_hangs
 from trainer.config import ConfigError, HangConfig, RunConfig
 from trainer.launcher import stall
@@ -123,7 +124,10 @@ def base_env(tmp_path_factory) -> dict[str, str]:
 class Run:
     """A launcher with its output read line by line, each line stamped with when it arrived."""
 
-    def __init__(self, run_dir: Path, data_dir: Path, env: dict[str, str], extra_env: dict[str, str]):
+    def __init__(
+        self, run_dir: Path, data_dir: Path, env: dict[str, str], extra_env: dict[str, str], record: Path
+    ):
+        seed_preflight(run_dir, record)  # the session's compile-check pass (tests/support/runs.py)
         argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
         for item in [*TINY, f"data.path={data_dir}"]:
             argv += ["--set", item]
@@ -211,8 +215,10 @@ def check_hung(run: Run, rc: int, last_step: int) -> dict:
 
 
 @pytest.mark.heavy
-def test_a_stopped_rank_is_said_with_both_stacks_and_ends_the_attempt(tmp_path, data_dir, base_env):
-    run = Run(tmp_path / "run", data_dir, base_env, {})
+def test_a_stopped_rank_is_said_with_both_stacks_and_ends_the_attempt(
+    tmp_path, data_dir, base_env, preflight_record
+):
+    run = Run(tmp_path / "run", data_dir, base_env, {}, preflight_record)
     run.until(lambda: progress_step(run) >= 3, "step 3 in progress.json")
     rank1 = run.attempt().read_rank(1)
     assert rank1 is not None
@@ -237,13 +243,13 @@ def test_a_stopped_rank_is_said_with_both_stacks_and_ends_the_attempt(tmp_path, 
 
 @pytest.mark.heavy
 def test_a_hang_inside_a_checkpoint_save_is_said_and_no_partial_checkpoint_counts(
-    tmp_path, data_dir, base_env
+    tmp_path, data_dir, base_env, preflight_record
 ):
     pause = tmp_path / "pause"
     pause.mkdir()
     hook = {"LINGBOT_TEST_PAUSE_AT": "checkpoint:4", "LINGBOT_TEST_PAUSE_RANK": "1",
             "LINGBOT_TEST_PAUSE_DIR": str(pause)}  # fmt: skip
-    run = Run(tmp_path / "run", data_dir, base_env, hook)
+    run = Run(tmp_path / "run", data_dir, base_env, hook, preflight_record)
     rc, _ = run.finish()  # rank 1 is never released: it hangs in its save of step 4
     summary = check_hung(run, rc, last_step=3)
     assert (pause / "reached").exists()
@@ -253,9 +259,15 @@ def test_a_hang_inside_a_checkpoint_save_is_said_and_no_partial_checkpoint_count
 
 
 @pytest.mark.heavy
-def test_a_slow_but_live_step_is_not_a_hang(tmp_path, data_dir, base_env):
+def test_a_slow_but_live_step_is_not_a_hang(tmp_path, data_dir, base_env, preflight_record):
     slow_s = FLOOR_S // 2  # far beyond 10 x the median step, below the floor
-    run = Run(tmp_path / "run", data_dir, base_env, {"LINGBOT_TEST_SLEEP_AT": f"step:4:1:{slow_s}"})
+    run = Run(
+        tmp_path / "run",
+        data_dir,
+        base_env,
+        {"LINGBOT_TEST_SLEEP_AT": f"step:4:1:{slow_s}"},
+        preflight_record,
+    )
     rc, _ = run.finish()
     assert rc == 0 and "no step for" not in run.output, run.output
     summary = json.loads((run.run_dir / "summary.json").read_text())

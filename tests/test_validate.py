@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.support.runs import seed_preflight
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
@@ -27,7 +29,9 @@ TIMEOUT = 900  # a tiny run takes ~1 min; a shared machine under load takes much
 pytestmark = pytest.mark.heavy
 
 
-def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2) -> str:
+def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path | None = None) -> str:
+    if record is not None:  # the session's compile-check pass (tests/support/runs.py); not a preflight test
+        seed_preflight(run_dir, record)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
     env["CONDA_ENVS_PATH"] = str(run_dir.parent / "no-envs")  # no provisioned env: the tool env
     env["OMP_NUM_THREADS"] = "1"
@@ -54,9 +58,9 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def validated(tmp_path_factory, data_dir) -> tuple[Path, str]:
+def validated(tmp_path_factory, data_dir, preflight_record) -> tuple[Path, str]:
     run_dir = tmp_path_factory.mktemp("validated") / "run"
-    return run_dir, run(run_dir, data_dir, "train.steps=4")
+    return run_dir, run(run_dir, data_dir, "train.steps=4", record=preflight_record)
 
 
 def test_validation_is_logged_and_the_best_checkpoint_kept(validated):
@@ -90,18 +94,20 @@ def test_validation_is_logged_and_the_best_checkpoint_kept(validated):
     assert [e.step for e in events.Scalars("val/action_loss")] == [2, 4]
 
 
-def test_training_after_an_evaluation_is_bit_for_bit_the_same(validated, tmp_path, data_dir):
+def test_training_after_an_evaluation_is_bit_for_bit_the_same(
+    validated, tmp_path, data_dir, preflight_record
+):
     run_dir, _ = validated
     expected = records(run_dir)
     plain = tmp_path / "plain"
-    run(plain, data_dir, "train.steps=4", "checkpoint.validate=false")
+    run(plain, data_dir, "train.steps=4", "checkpoint.validate=false", record=preflight_record)
     got = records(plain)
     assert {s: training(r) for s, r in got.items()} == {s: training(r) for s, r in expected.items()}
     assert not any("val_loss" in r for r in got.values())
     assert json.loads((plain / "summary.json").read_text())["validation"] is None
 
     resumed = tmp_path / "resumed"  # 2 steps (evaluated at 2), then resumed to 4
-    run(resumed, data_dir, "train.steps=2")
+    run(resumed, data_dir, "train.steps=2", record=preflight_record)
     run(resumed, data_dir, "train.steps=4")
     again = records(resumed)
     assert {s: training(r) for s, r in again.items()} == {s: training(r) for s, r in expected.items()}
