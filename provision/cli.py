@@ -14,10 +14,8 @@ exit status does not change.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
@@ -298,24 +296,5 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
     }
 
 
-def exit_without_finalizing(done: SystemExit) -> NoReturn:
-    """Leave with `done`'s code, skipping the interpreter's finalization. Once, under load, this command
-    printed its whole `cannot solve` error and then died of SIGSEGV (-11, not 2) while Python shut down
-    with py-rattler's native solver threads alive (tests/test_spec_lock.py, 2026-12-04). Everything the
-    command writes is written atomically and closed before run_click raises; only stdio is flushed here."""
-    code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-    if isinstance(done.code, str):
-        print(done.code, file=sys.stderr)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except OSError:  # a reader that went away (`| head`): nothing left to say to it
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    try:
-        run_click(main, "bin/provision")
-    except SystemExit as done:
-        exit_without_finalizing(done)
+    run_click(main, "bin/provision")
