@@ -111,6 +111,8 @@ class Torchrun:
             command, env=torchrun_environment(env), stderr=subprocess.PIPE, text=True, errors="replace",
             start_new_session=True, preexec_fn=_torchrun_preexec,
         )  # fmt: skip
+        if self.signals and not self.stopped_before_ranks:  # a stop that came while torchrun started:
+            self._stop_if_no_rank_started()  # no rank can exist yet (it once said both lines, a race)
         # The pump thread must never take a stop signal: the kernel may deliver a process-directed signal
         # to any thread that does not block it, and then the main thread, blocked in waitpid, would not
         # run the handler until torchrun exits. The thread inherits the mask set around its start.
@@ -154,6 +156,8 @@ class Torchrun:
         self.attempt.request_stop()
         if self.stopped_before_ranks or self._stop_if_no_rank_started():
             return  # said once, in the verdict: no rank started, nothing was trained
+        if self.proc is None:  # torchrun is being started: the check right after Popen decides, once
+            return
         for pid in self.rank_pids():
             try:
                 os.kill(pid, signal.SIGUSR1)
