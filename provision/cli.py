@@ -14,8 +14,10 @@ exit status does not change.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -296,5 +298,24 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
     }
 
 
+def _exit_as_the_process(done: SystemExit) -> NoReturn:
+    """Leave with `done`'s code without the interpreter's finalization. Twice under load this command
+    printed its whole `cannot solve` error and then died of SIGSEGV (-11, not 2) while Python shut down
+    with py-rattler's native threads alive (tests/test_spec_lock.py, 2026-12-04). Everything it writes is
+    written atomically and closed before run_click raises; stdio is flushed here. Only when this file is
+    the process's program: run in-process (runpy, tests/test_doc_commands.py) it must never end the host."""
+    if Path(sys.argv[0]).resolve() != Path(__file__).resolve():
+        raise done
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that went away (`| head`)
+            pass
+    os._exit(done.code if isinstance(done.code, int) else (0 if done.code is None else 1))
+
+
 if __name__ == "__main__":
-    run_click(main, "bin/provision")
+    try:
+        run_click(main, "bin/provision")
+    except SystemExit as done:
+        _exit_as_the_process(done)
