@@ -188,3 +188,39 @@ def test_compilers_outside_usr_on_path_are_hidden_too(worker, worker_env, tmp_pa
         str(tools / "mytool"),
     ]
     assert inside.stdout.split() == [str(tools / "mytool")]
+
+
+@pytest.mark.heavy
+def test_lerobot_decoders_load_and_run_without_a_toolchain(worker, worker_env):
+    """PyAV and pyarrow (trainer/data/video.py, lerobot*.py) load their bundled native libraries on a
+    compiler-less worker: an AV1 (or H.264) clip is encoded and decoded back, a parquet table round-trips."""
+    code = textwrap.dedent(
+        """
+        import io, shutil
+        import av, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+        assert shutil.which("gcc") is None and shutil.which("cc") is None
+        codec = "libaom-av1" if "libaom-av1" in av.codecs_available else "h264"
+        buf = io.BytesIO()
+        out = av.open(buf, "w", format="mp4")
+        stream = out.add_stream(codec, rate=10)
+        stream.width = stream.height = 32
+        stream.pix_fmt = "yuv420p"
+        for i in range(5):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 40, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+        out.close()
+        buf.seek(0)
+        frames = [f.to_ndarray(format="rgb24") for f in av.open(buf).decode(video=0)]
+        table = io.BytesIO()
+        pq.write_table(pa.table({"action": [[0.5, 1.5]] * 3}), table)
+        rows = pq.read_table(io.BytesIO(table.getvalue())).num_rows
+        print(codec, len(frames), int(frames[-1].mean()), rows)
+        """
+    )
+    done = worker.run([sys.executable, "-c", code], env=worker_env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    codec, n, last_mean, rows = done.stdout.split()
+    assert int(n) == 5 and abs(int(last_mean) - 160) <= 8 and int(rows) == 3, done.stdout
