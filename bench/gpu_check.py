@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 EXIT_NO_GPU = 3
+EXIT_NO_PLAN = 4  # measured, but the plan it is checked against failed: no verdict on the prediction
 
 
 def check_config(layers: int, grad_accum: int, extra: list[str] | None = None):
@@ -142,7 +143,7 @@ def run(
     step_s = sum(steady) / len(steady)
     kind_plan = plan.kinds[0] if plan and plan.kinds else None
     result = {
-        "status": "measured",
+        "status": "measured" if plan else "measured_without_plan",
         "device": name,
         "gpu_kind": kind.name if kind else None,
         "config": {
@@ -169,6 +170,11 @@ def run(
         json.dumps({k: v for k, v in result.items() if k not in ("plan", "steps", "dynamo_stats")}, indent=2)
     )
     dist.destroy_process_group()
+    if plan is None:
+        print(
+            f"gpu_check: measured, but the plan failed ({plan_error}): nothing checked; exit {EXIT_NO_PLAN}"
+        )
+        return EXIT_NO_PLAN
     return 0
 
 
