@@ -299,11 +299,15 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
 
 
 def _exit_as_the_process(done: SystemExit) -> NoReturn:
-    """Leave with `done`'s code without the interpreter's finalization. Twice under load this command
-    printed its whole `cannot solve` error and then died of SIGSEGV (-11, not 2) while Python shut down
-    with py-rattler's native threads alive (tests/test_spec_lock.py, 2026-12-04). Everything it writes is
-    written atomically and closed before run_click raises; stdio is flushed here. Only when this file is
-    the process's program: run in-process (runpy, tests/test_doc_commands.py) it must never end the host."""
+    """Leave with `done`'s code without the interpreter's finalization. py-rattler 0.28's tokio threads
+    may still take the GIL (pyo3) after its coroutine returned; on Python < 3.14 a thread that does so
+    while the interpreter finalizes is ended with pthread_exit, which aborts the process. Measured on a
+    failed solve with normal finalization: 4 of 160 runs died after printing the whole error ("Fatal
+    Python error: PyGILState_Release: ... must be current when releasing", SIGABRT / SIGBUS / SIGSEGV);
+    through this exit, 0 of 240 (tests/test_spec_lock.py saw it twice, 2026-12-04). Everything it writes
+    is written atomically and closed before run_click raises; stdio is flushed here. Only when this file
+    is the process's program: run in-process (runpy, tests/test_doc_commands.py) it must never end the
+    host (a long-lived host is past the race by the time it finalizes)."""
     if Path(sys.argv[0]).resolve() != Path(__file__).resolve():
         raise done
     for stream in (sys.stdout, sys.stderr):
