@@ -8,8 +8,9 @@
 #
 # Writes OUT_DIR/gpu_check.json (the result; also on a machine without a GPU, where it says "no_gpu")
 # and OUT_DIR/envcheck.json. Python: $PYTHON, else the tree's .venv (built by bin/_tool_env.sh when it
-# is missing and PyPI is reachable), else python3. Exit: 0 measured and checked against the plan; 4 measured but the plan failed; 3 no GPU or --dry-run (nothing is
-# measured, nothing faked); anything else: the step that failed.
+# is missing and PyPI is reachable), else python3. Exit: 0 measured and checked against the plan;
+# 4 measured but the plan failed (nothing checked); 3 no GPU or --dry-run (nothing is measured, nothing
+# faked); anything else: the step that failed.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from provision.atomic import write_atomic
 
 # The longest chains, measured (docs/tests.md): started first so they never end the run alone. Module
 # totals in a quiet clean-clone run with 4 workers (5669518; the first four start at once): hang 608 s,
@@ -78,9 +81,10 @@ def once(
     """`build(dir)` run once per test run whatever the number of workers; its result for every caller.
 
     Under an exclusive lock on shared_dir/<name>.lock: the first caller builds into shared_dir/<name>
-    and writes <name>.done (the result's path); later callers wait for the lock (at most `timeout` s),
-    then read it. A build that failed leaves no .done, so the next caller tries again (and fails with its
-    own error)."""
+    and writes <name>.done (the result's path, atomically); later callers wait for the lock (at most
+    `timeout` s), then read it. A build that failed leaves no .done, so the next caller tries again in a
+    fresh directory (what the failed one left is removed first, never reused) and fails with its own
+    error."""
     shared = shared_dir(tmp_path_factory)
     done = shared / f"{name}.done"
     with open(shared / f"{name}.lock", "w") as lock:
@@ -98,7 +102,8 @@ def once(
         if done.is_file():
             return Path(done.read_text())
         target = shared / name
-        target.mkdir(exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)  # a failed build's remains
+        target.mkdir()
         result = build(target)
-        done.write_text(str(result))
+        write_atomic(done, str(result))
         return result
