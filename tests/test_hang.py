@@ -86,6 +86,11 @@ def test_innermost_frame_is_the_main_threads_first_frame():
         'Thread 12 (idle): "MainThread"\n    wait (torch/distributed/x.py:7)\n    loop (trainer/train.py:9)\n'
     )
     assert stall.innermost_frame(dump) == "wait (torch/distributed/x.py:7)"
+    unnamed = (
+        "Process 48: python -c ...\nPython v3.11.7\n\n"
+        "Thread 48 (idle)\n    here (<string>:4)\n    <module> (<string>:5)\n"
+    )
+    assert stall.innermost_frame(unnamed) == "here (<string>:4)"  # no thread names: the TID == PID thread
     assert stall.resolve_policy(HangConfig(), {"SLURM_JOB_ID": "7"}) == "requeue"
     assert stall.resolve_policy(HangConfig(), {}) == "fail"
 

@@ -10,8 +10,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.worker
 
@@ -230,3 +233,32 @@ def test_lerobot_decoders_load_and_run_without_a_toolchain(worker, worker_env, t
     assert done.returncode == 0, done.stderr
     codec, n, last_mean, rows = done.stdout.split()
     assert int(n) == 5 and abs(int(last_mean) - 160) <= 8 and int(rows) == 3, done.stdout
+
+
+@pytest.mark.heavy
+def test_py_spy_dumps_a_python_stack_without_a_toolchain(worker, worker_env):
+    """The stall detector's py-spy (trainer/launcher/stall.py, beside the env's python) runs on a
+    compiler-less worker and reads a live interpreter's stack: the innermost frame is the one waiting."""
+    code = textwrap.dedent(
+        """
+        import shutil, subprocess, sys
+        from trainer.launcher.stall import innermost_frame, py_spy
+        assert shutil.which("gcc") is None and shutil.which("cc") is None
+        waits = "def waiting_here():\\n    print('ready', flush=True)\\n    sys.stdin.read()\\n"
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import sys\\n" + waits + "waiting_here()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert child.stdout.readline().strip() == "ready"  # the child is inside waiting_here
+        done = subprocess.run([py_spy(), "dump", "--nonblocking", "--pid", str(child.pid)],
+                              capture_output=True, text=True, timeout=60)
+        child.stdin.close()
+        child.wait(timeout=60)
+        print(done.returncode, innermost_frame(done.stdout))
+        print(done.stdout, file=sys.stderr)  # the whole dump, for the assertion's message
+        """
+    )
+    done = worker.run([sys.executable, "-c", code], env=worker_env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rc, frame = done.stdout.strip().split(" ", 1)
+    assert rc == "0" and frame.startswith("waiting_here"), done.stdout + done.stderr

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from provision.atomic import write_atomic
 from trainer.attempt import Attempt, Hung, record_hang
 from trainer.config import HangConfig
 
@@ -119,10 +120,13 @@ def py_spy() -> str | None:
 
 
 def innermost_frame(dump: str) -> str | None:
-    """The first frame under the main thread's header in a `py-spy dump` (the innermost call)."""
+    """The first frame under the main thread's header in a `py-spy dump` (the innermost call). The main
+    thread is the one py-spy names "MainThread" or, where it prints no name (a process that never
+    imported threading: `Thread 4798 (idle)`), the one whose id is the process's (Linux: TID == PID)."""
     lines = dump.splitlines()
+    pid = next((line.split()[1].rstrip(":") for line in lines if line.startswith("Process ")), None)
     for i, line in enumerate(lines):
-        if line.startswith("Thread ") and "MainThread" in line:
+        if line.startswith("Thread ") and ("MainThread" in line or line.split()[1] == pid):
             for frame in lines[i + 1 :]:
                 if frame.strip() and frame.startswith((" ", "\t")):
                     return frame.strip()
@@ -150,7 +154,7 @@ def dump_stacks(procs: dict[int, psutil.Process], out_dir: Path) -> tuple[dict[s
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 text = f"py-spy failed: {exc}\n"
-        path.write_text(text)
+        write_atomic(path, text)
         files[str(rank)] = str(path)
         innermost[str(rank)] = innermost_frame(text) or text.strip().splitlines()[-1][:200]
     return files, innermost
