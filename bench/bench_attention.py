@@ -1,7 +1,7 @@
 """Attention with the LingBot-VA mask: compiled flex vs dense-mask sdpa vs eager flex vs naive.
 
 Sequence lengths 1k-8k of one packed sample (60 video + 4 action tokens per frame, frames_per_chunk 2,
-window 4: the mask's rules from trainer/masks.py). Forward, and forward+backward where the backend
+window 4: the mask's rules from trainer/model/masks.py). Forward, and forward+backward where the backend
 supports it (FlexAttention has no backward on CPU with torch 2.13). Time is the median of a few calls
 after a warm-up (for compiled flex: after its compilation, which is timed separately); memory is the
 peak above the level before the call (GPU: max_memory_allocated; CPU: sampled process RSS).
@@ -82,8 +82,8 @@ def measure(quick: bool) -> Table:
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from trainer.attention import _compiled_flex_attention, flex_backward_error
-    from trainer.masks import SequenceShape, dense_mask, lingbot_mask_mod, token_layout
+    from trainer.model.attention import _compiled_flex_attention, flex_backward_error
+    from trainer.model.masks import SequenceShape, dense_mask, lingbot_mask_mod, token_layout
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

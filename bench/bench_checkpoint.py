@@ -1,7 +1,7 @@
 """Checkpoint cost: save time and its share of training at the 200-step interval; sync vs async save.
 
 2 ranks, the furniture_train config's model + AdamW state. Measured: the project's Checkpointer.save
-(dcp.save + RNG + train_state + COMPLETE marker, fsync, rename: what trainer/train.py does), a bare
+(dcp.save + RNG + train_state + COMPLETE marker, fsync, rename: what trainer/loop/train.py does), a bare
 dcp.save of the same state, and dcp.async_save: the time it blocks the loop, the time until the
 checkpoint is on disk, and how much a training step that overlaps the background write slows down.
 
@@ -28,7 +28,7 @@ def _worker(out_dir: Path, repeats: int) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import Checkpointer, TrainState
+    from trainer.checkpoint.checkpointer import Checkpointer, TrainState
     from trainer.config import CheckpointConfig
 
     rank, world, device = init_distributed()

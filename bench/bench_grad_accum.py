@@ -161,7 +161,7 @@ def run(quick: bool = False, pairs: int | None = None) -> list[Table]:
             "variants alternate step by step (ABC CBA ...) in one run; a warm-up round is dropped.",
             "keep-unsharded: train.keep_params_gathered=true as the trainer builds it (reshard_after_forward "
             "False, reshard after backward on the last micro-step only); each variant is its own rig built "
-            "by trainer.train.build and stepped by trainer.train.train_step.",
+            "by trainer.loop.train.build and stepped by trainer.loop.train.train_step.",
             "Shares are medians over both ranks and all rounds; a round's step time is the slower rank's.",
             "peak MiB: "
             + (

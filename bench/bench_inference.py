@@ -24,9 +24,9 @@ from bench.common import Table, median  # noqa: E402
 def _session(cfg, kv_cache: bool):
     import torch
 
-    from trainer.batch import ACTION_SLOTS, action_slot_mask
     from trainer.inference.sampler import ChunkSampler
     from trainer.model import WorldModel
+    from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
 
     torch.manual_seed(0)
     model = WorldModel(cfg).eval()

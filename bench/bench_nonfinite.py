@@ -1,7 +1,7 @@
-"""Cost of the divergence checks (trainer/divergence.py): per step and per checkpoint save.
+"""Cost of the divergence checks (trainer/loop/divergence.py): per step and per checkpoint save.
 
 2 ranks, the furniture_train config (cpu_scale without a GPU). Measured, interleaved with training
-steps of trainer.train.train_step:
+steps of trainer.loop.train.train_step:
   - per step: the step's agreement with the checks (each rank's non-finite slots appended to the one
     all_reduce, blame, the policy) against the agreement without them (the 4-value all_reduce the loop
     did before), each repeated `--inner` times per sample; the difference is the checks' cost;
@@ -29,9 +29,9 @@ def _worker(out_dir: Path, repeats: int, inner: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.config import CheckpointConfig
-    from trainer.divergence import NonfinitePolicy, blame, first_nonfinite, local_slots
+    from trainer.loop.divergence import NonfinitePolicy, blame, first_nonfinite, local_slots
 
     rank, world, device = init_distributed()
     cfg = bench_config()

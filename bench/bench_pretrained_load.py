@@ -1,6 +1,6 @@
 """Peak host memory per rank when loading a released-layout checkpoint: sharded (ours) vs full state dict.
 
-sharded: trainer.parallel.build_model with model.pretrained: the model is built on the meta device, sharded
+sharded: model/parallel.py build_model with model.pretrained: the model is built on the meta device, sharded
          with FSDP2, materialised (to_empty), and each rank reads only its shards' slices (safetensors
          get_slice).
 full:    what a full-state-dict load does (and the reference trainer: from_pretrained on CPU, then FSDP):
@@ -39,12 +39,12 @@ QUICK = {**SIZES, "model.depth": 4}
 
 
 def _cfg(sizes: dict, pretrained: str = ""):
-    from trainer.config import RunConfig, apply_overrides
+    from trainer.config import RunConfig, apply_overrides, check_config
 
     cfg = RunConfig()
     apply_overrides(cfg, {**sizes, "model.pretrained": pretrained}, "bench")
     cfg.model.activation_checkpointing = False
-    cfg.validate()
+    check_config(cfg)
     return cfg
 
 
@@ -64,7 +64,7 @@ def _rank(rank: int, mode: str, sizes: dict, folder: str, init: str, out: str) -
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     from trainer.model import WorldModel, apply_pretrained_config, load_full
-    from trainer.parallel import build_model, shard_model
+    from trainer.model.parallel import build_model, shard_model
 
     before = _peak_mb()
     cfg = _cfg(sizes, folder)

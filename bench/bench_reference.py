@@ -1,7 +1,7 @@
 """Our LingBot-VA training step vs the upstream reference's, in one process: tokens/s and where the time goes.
 
 Same tiny config (the released structure, small), same weights (ours loaded strictly into theirs), same
-inputs (one micro-batch from trainer.recipe, converted to the reference's input_dict), same dtype (bf16: the
+inputs (one micro-batch from recipe/draws.py, converted to the reference's input_dict), same dtype (bf16: the
 reference's forward_train casts its inputs to bf16, as FSDP mixed precision runs it) and the same attention
 backend: SDPA with a dense mask evaluated from each implementation's own mask_mod (the reference's
 FlexAttnFunc.init_mask is swapped for that, its custom_sdpa given the mask). The step is forward + the
@@ -137,11 +137,11 @@ def measure(rounds: int) -> dict:
     import torch.nn.functional as F
     from einops import rearrange
 
-    from trainer.batch import CleanBatch, action_slot_mask
-    from trainer.config import RunConfig, apply_overrides
-    from trainer.masks import dense_mask
+    from trainer.config import RunConfig, apply_overrides, check_config
     from trainer.model import WorldModel
-    from trainer.recipe import EmptyText, draw_micro_batch
+    from trainer.model.masks import dense_mask
+    from trainer.recipe.batch import CleanBatch, action_slot_mask
+    from trainer.recipe.draws import EmptyText, draw_micro_batch
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     ref_model, Scheduler, get_mesh_id, data_seq_to_patch = _import_reference()
@@ -150,7 +150,7 @@ def measure(rounds: int) -> dict:
     cfg = RunConfig()
     apply_overrides(cfg, BENCH, "bench")
     cfg.recipe.noisy_history_prob = 1.0  # exercise the history path in both
-    cfg.validate()
+    check_config(cfg)
     m = cfg.model
     torch.manual_seed(0)
     ours = WorldModel(cfg)

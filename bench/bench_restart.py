@@ -31,8 +31,8 @@ def _child() -> None:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from trainer.attention import _compiled_flex_attention
-    from trainer.masks import SequenceShape, lingbot_mask_mod, token_layout
+    from trainer.model.attention import _compiled_flex_attention
+    from trainer.model.masks import SequenceShape, lingbot_mask_mod, token_layout
 
     imported = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -151,7 +151,7 @@ def init_distributed():
 
 
 class TrainingRig:
-    """The trainer's own build() and train_step() (trainer/train.py): the step the loop runs, not a copy.
+    """The trainer's own build() and train_step() (trainer/loop/train.py): the step the loop runs, not a copy.
 
     grad_sync / keep_params_gathered override the config for this rig (each variant is its own rig,
     built like a training run: same seed, so the same initial weights)."""
@@ -168,8 +168,8 @@ class TrainingRig:
     ):
         import copy
 
-        from trainer.timing import install_comm_timing
-        from trainer.train import build
+        from trainer.loop.timing import install_comm_timing
+        from trainer.loop.train import build
 
         cfg = copy.deepcopy(cfg)
         if grad_sync is not None:
@@ -180,12 +180,12 @@ class TrainingRig:
         self.rig = build(cfg, Path(run_dir), rank, world, device, attempt_id="bench")
         self.model, self.optimizer, self.scheduler = self.rig.model, self.rig.optimizer, self.rig.scheduler
         self.stream, self.breakdown = self.rig.stream, self.rig.breakdown
-        self.model_name = "trainer.train.build (trainer.parallel.build_model)"
+        self.model_name = "trainer.loop.train.build (trainer.model.parallel.build_model)"
         install_comm_timing(self.model, self.breakdown)
 
     def step(self, step: int) -> dict:
-        """One optimizer step through trainer.train.train_step; returns its StepBreakdown record."""
-        from trainer.train import train_step
+        """One optimizer step through trainer.loop.train.train_step; returns its StepBreakdown record."""
+        from trainer.loop.train import train_step
 
         self.breakdown.start_step()
         train_step(self.rig, step)

@@ -33,7 +33,7 @@ def run_variant(name: str, heads: int) -> dict:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from trainer.masks import PAD, SequenceShape, lingbot_mask_mod, token_layout
+    from trainer.model.masks import PAD, SequenceShape, lingbot_mask_mod, token_layout
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gpu_check import check_config

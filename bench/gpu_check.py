@@ -7,7 +7,7 @@ On a GPU: the cluster config (furniture_train, no cpu_scale) with model.depth=--
 compiled FlexAttention with the LingBot mask (forward + backward), bf16 mixed precision, FSDP2 on one GPU
 (a one-rank process group), activation checkpointing; micro-batches of the run's shapes
 (trainer.plan.memory.synthetic_micro_batch: the recipe's draws, so chunk and window change every
-micro-batch as in training). trainer.train.train_step runs each step (the loop's own step and its
+micro-batch as in training). trainer.loop.train.train_step runs each step (the loop's own step and its
 StepBreakdown). Recorded: per-step seconds and breakdown, MFU of steps 2..N, graphs compiled after step 1
 (recompiles), torch.cuda.max_memory_allocated over steps 2..N against the plan's predicted peak, and the
 measured step time against the plan's lower bound.
@@ -90,13 +90,13 @@ def run(
     from torch._dynamo.utils import counters
 
     from provision.atomic import write_json_atomic
-    from trainer.parallel import build_model
+    from trainer.loop.rig import Rig
+    from trainer.loop.timing import StepBreakdown, install_comm_timing
+    from trainer.loop.train import train_step, warmup_schedule
+    from trainer.model.parallel import build_model
     from trainer.plan.estimate import make_plan, mfu_at
     from trainer.plan.gpus import match_device_name
     from trainer.plan.memory import make_optimizer
-    from trainer.rig import Rig
-    from trainer.timing import StepBreakdown, install_comm_timing
-    from trainer.train import train_step, warmup_schedule
 
     name = torch.cuda.get_device_name(0)
     kind = match_device_name(name)

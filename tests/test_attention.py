@@ -3,15 +3,15 @@
 import pytest
 import torch
 
-from trainer.attention import (
+from trainer.config import RunConfig
+from trainer.model.attention import (
     BackendUnavailable,
     FlexBackend,
     SdpaBackend,
     flex_backward_error,
     resolve_backend,
 )
-from trainer.config import RunConfig
-from trainer.masks import SequenceShape, dense_mask, lingbot_mask_mod, token_layout
+from trainer.model.masks import SequenceShape, dense_mask, lingbot_mask_mod, token_layout
 
 pytestmark = pytest.mark.fast
 

@@ -1,4 +1,5 @@
-"""trainer.checkpoint: what counts as complete, DCP save/load round trip, keep-K, interrupted saves.
+"""checkpoint/checkpointer.py: what counts as complete, DCP save/load round trip, keep-K,
+interrupted saves.
 
 Runs in this process as a one-rank gloo group with a small fully_shard-ed model (the 2-rank behaviour
 is covered end to end in test_resume.py).
@@ -15,7 +16,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from trainer.checkpoint import MARKER, SAFETENSORS, Checkpointer, latest_complete, resume_conflicts, scan
+from trainer.checkpoint.checkpointer import (
+    MARKER,
+    SAFETENSORS,
+    Checkpointer,
+    latest_complete,
+    resume_conflicts,
+    scan,
+)
 from trainer.config import CheckpointConfig, load_config
 
 pytestmark = pytest.mark.fast
@@ -200,7 +208,7 @@ def test_asynchronous_save_is_committed_by_the_next_save_or_finish(process_group
 
 
 def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
-    from trainer.checkpoint_layout import file_sha256
+    from trainer.checkpoint.layout import file_sha256
 
     model, optimizer, scheduler = make_state()
     info = Checkpointer(tmp_path, CheckpointConfig(keep=2), last_step=0, attempt="c1").save(
@@ -213,7 +221,7 @@ def test_complete_records_the_sha256_of_every_file(process_group, tmp_path):
 
 
 def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_resumes(process_group, tmp_path):
-    from trainer.checkpoint_layout import quarantine_damaged
+    from trainer.checkpoint.layout import quarantine_damaged
 
     model, optimizer, scheduler = make_state()
     ckpt = Checkpointer(tmp_path, CheckpointConfig(keep=3), last_step=0, attempt="d1")
@@ -237,8 +245,8 @@ def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_res
 
 
 def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_group, tmp_path):
-    from trainer.checkpoint_size import estimate_bytes, model_size
-    from trainer.parallel import build_model
+    from trainer.checkpoint.size import estimate_bytes, model_size
+    from trainer.model.parallel import build_model
 
     cfg = load_config("furniture_train", cpu_scale=True)
     model = build_model(cfg, torch.device("cpu"))
@@ -262,7 +270,7 @@ def _batch(cfg):
 
 @pytest.mark.fast
 def test_a_save_is_refused_when_a_parameter_or_moment_is_not_finite(process_group, tmp_path):
-    from trainer.checkpoint import NonFiniteState
+    from trainer.checkpoint.checkpointer import NonFiniteState
 
     model, optimizer, scheduler = make_state()
     train_steps(model, optimizer, scheduler, 1)

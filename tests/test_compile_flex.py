@@ -11,9 +11,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from tests.support.lingbot_tiny import micro_batch, tiny_cfg
-from trainer.attention import make_backend
-from trainer.masks import SequenceShape, lingbot_mask_mod, token_layout
 from trainer.model import WorldModel
+from trainer.model.attention import make_backend
+from trainer.model.masks import SequenceShape, lingbot_mask_mod, token_layout
 
 pytestmark = pytest.mark.heavy
 

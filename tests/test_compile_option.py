@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 
 from tests.support.lingbot_tiny import TinyStream, tiny_cfg
 from trainer.model import WorldModel
-from trainer.parallel import clip_grad_norm, prepare_micro_step, shard_model
+from trainer.model.parallel import clip_grad_norm, prepare_micro_step, shard_model
 
 pytestmark = pytest.mark.heavy
 

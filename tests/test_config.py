@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from trainer.config import ConfigError, available_configs, load_config, parse_set
+from trainer.config import ConfigError, available_configs, check_config, load_config, parse_set
 
 pytestmark = pytest.mark.fast
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.fast
 @pytest.mark.parametrize("cpu_scale", [False, True])
 def test_every_shipped_config_loads_and_validates(name, cpu_scale):
     cfg = load_config(name, cpu_scale=cpu_scale)
-    cfg.validate()
+    check_config(cfg)
     assert cfg.name == name
 
 

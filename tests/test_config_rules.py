@@ -1,4 +1,4 @@
-"""The one table of config rules (trainer/config_rules.py): every RunConfig field has a rule or a stated
+"""The one table of config rules (trainer/config/rules.py): every RunConfig field has a rule or a stated
 reason why no value of it can be judged without data or weights; every rule's bad value is refused by
 bin/train's launcher before anything else (exit 2, one line naming where it came from, the key, the value
 and what is allowed, nothing written), and by a rank reading the same value from config.json (the same
@@ -16,7 +16,7 @@ import pytest
 
 from trainer.attempt import Attempt
 from trainer.config import ConfigError, RunConfig, load_config, resolve_config
-from trainer.config_rules import CAMERA_NAMES, RULES, Free, Rule
+from trainer.config.rules import CAMERA_NAMES, RULES, Free, Rule
 from trainer.data.furniturebench import CAMERAS
 from trainer.launcher import main as launch
 
@@ -117,10 +117,10 @@ def test_a_type_error_names_its_source_key_value_and_type():
 
 
 def test_a_value_from_the_config_file_is_named_by_its_file(tmp_path, monkeypatch):
-    from trainer import config
+    from trainer.config import load
 
     (tmp_path / "mine.yaml").write_text("train:\n  lr: -2\ncpu_scale:\n  train:\n    warmup_steps: -1\n")
-    monkeypatch.setattr(config, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(load, "CONFIG_DIR", tmp_path)
     with pytest.raises(ConfigError, match=r"mine\.yaml: train\.lr=-2\.0 is not allowed"):
         load_config("mine", cpu_scale=False)
     with pytest.raises(ConfigError, match=r"mine\.yaml \(cpu_scale\): train\.warmup_steps=-1"):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig, apply_overrides
 from trainer.data import DatasetError, build_stream
 from trainer.data import cache as cache_mod
@@ -24,7 +25,6 @@ from trainer.data.normalize import QuantileNormalizer
 from trainer.data.prepare import ensure_cache, prepare
 from trainer.data.stream import ensure_dataset
 from trainer.data.text import StandInText, T5Text
-from trainer.diskspace import OutOfSpace
 
 EPISODES, LENGTH = 8, 24  # index 3: observation failure, index 5: failed demonstration
 

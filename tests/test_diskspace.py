@@ -1,6 +1,6 @@
 """Full disks and quotas on real small filesystems (tmpfs mounted and unmounted by the test, as root).
 
-Each case runs `python -m trainer.launch` (what bin/train execs) on 2 CPU ranks with a tiny model and the
+Each case runs `python -m trainer.launcher` (what bin/train execs) on 2 CPU ranks with a tiny model and the
 run dir on a tmpfs, and asserts the one-line message, the exit code, a summary.json that does not claim
 success, no traceback on the terminal, and that a re-run after freeing space resumes and completes.
 Where mounting is not allowed the tests skip with the reason (they never pass without running).
@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.diskfull import Tmpfs, assert_said_once, launch, launcher_lines, one_checkpoint
 from tests.support.runs import STEPS, clean_env, finish, release, seed_preflight, summary, wait_for
-from trainer.checkpoint_layout import damage, scan
+from trainer.checkpoint.layout import damage, scan
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 

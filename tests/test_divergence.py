@@ -1,4 +1,4 @@
-"""A diverged run says so (trainer/divergence.py): real 2-rank runs through the launcher with a tiny model.
+"""A diverged run says so (loop/divergence.py): real 2-rank runs through the launcher with a tiny model.
 
 NaN is injected on one rank at known steps by the test hook LINGBOT_TEST_NAN_AT (trainer/testhooks.py):
 under train.nonfinite=stop the run ends at that step (exit 1, one line, summary `failed` + `diverged`, no
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.support.runs import seed_preflight
-from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame
+from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame
 from trainer.outcomes import Diverged
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def run(
     env["OMP_NUM_THREADS"] = "1"
     if nan_at:
         env["LINGBOT_TEST_NAN_AT"] = nan_at
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
+    argv = [sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--run-dir", str(run_dir)]
     for item in [*TINY, f"data.path={data_dir}", *sets]:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
@@ -115,7 +115,7 @@ def test_a_checkpoint_holding_nan_is_refused_in_the_preflight(stopped, data_dir,
     """An older version (or a hand) wrote a NaN into a checkpoint: the resume is refused, naming it."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
 
-    from trainer.checkpoint_layout import MARKER, file_sha256
+    from trainer.checkpoint.layout import MARKER, file_sha256
 
     run_dir, _, _ = stopped
     source = run_dir / "checkpoints" / "checkpoint_step_2"

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # what each bin/ entry point execs (its own help is that module's)
 BIN_MODULE = {
-    "train": "trainer.launch",
+    "train": "trainer.launcher",
     "provision": "provision.cli",
     "envcheck": "provision.check",
     "evaluate": "trainer.inference.cli",
@@ -173,7 +173,7 @@ def test_every_documented_command_names_a_real_program_and_real_flags():
 
 def test_a_wrong_flag_or_program_is_caught():
     assert problems("bin/train furniture_train 2 --no-such-flag") == [
-        "trainer.launch has no option --no-such-flag"
+        "trainer.launcher has no option --no-such-flag"
     ]
     assert problems("bin/nothing here") == ["bin/nothing is not an executable file of this tree"]
     assert problems("python -m trainer.no_such_module --x") == ["no module trainer.no_such_module"]

@@ -22,17 +22,17 @@ TORCHRUN_STDERR = """\
 [train] rank 0: building the model
 Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
-  File "/repo/trainer/train.py", line 120, in build
+  File "/repo/trainer/loop/train.py", line 120, in build
     stream = build_stream(cfg, rank, world_size)
 trainer.data.furniturebench.DatasetError: /data/0.pkl: <file>: not a readable episode pickle
 
 The above exception was the direct cause of the following exception:
 
 Traceback (most recent call last):
-  File "/repo/trainer/train.py", line 330, in main
+  File "/repo/trainer/loop/train.py", line 330, in main
 ValueError: chained
 [rank1]: Traceback (most recent call last):
-[rank1]:   File "/repo/trainer/train.py", line 88, in build
+[rank1]:   File "/repo/trainer/loop/train.py", line 88, in build
 [rank1]: ValueError: Invalid learning rate: -1.0
 W1203 19:00:00.000000 123 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 7 closing signal SIGTERM
 E1203 19:00:00.000000 123 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) local_rank: 0 (pid: 6) of binary: /venv/bin/python
@@ -41,7 +41,7 @@ Traceback (most recent call last):
     run(args)
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
 ============================================================
-trainer.train FAILED
+trainer.loop.train FAILED
 ------------------------------------------------------------
 Failures:
   <NO_OTHER_FAILURES>

@@ -1,7 +1,7 @@
 """A hung rank is said, with where every rank is, and ends the attempt (trainer/launcher/stall.py).
 
 Fast: the limit's arithmetic, py-spy's dump parsed, the config rule, the requeue policy's memory.
-Heavy (real 2-rank runs of a tiny model through `python -m trainer.launch`, what bin/train execs):
+Heavy (real 2-rank runs of a tiny model through `python -m trainer.launcher`, what bin/train execs):
 - a rank stopped with SIGSTOP after step 3: the stall line, py-spy stacks of both ranks (the stopped one
   and the one waiting in a collective), exit 1, a `hung` summary, no process left; the time from the
   stall to the verdict is measured and bounded;
@@ -28,7 +28,7 @@ import pytest
 
 from tests.support.runs import seed_preflight
 from trainer.attempt import Attempt, read_hangs
-from trainer.config import ConfigError, HangConfig, RunConfig
+from trainer.config import ConfigError, HangConfig, RunConfig, check_config
 from trainer.launcher import stall
 from trainer.outcomes import Hung
 
@@ -72,18 +72,19 @@ def test_the_collective_timeout_must_outlast_the_floor():
         ConfigError,
         match=r"hang.collective_timeout_s=.* must be longer than max\(hang.floor_s, hang.start_s\)",
     ):
-        cfg.validate()
+        check_config(cfg)
     cfg.hang.collective_timeout_s, cfg.hang.policy = 10 * cfg.hang.floor_s, "retry"
     with pytest.raises(ConfigError, match="hang.policy must be one of auto, fail, requeue"):
-        cfg.validate()
+        check_config(cfg)
 
 
 @pytest.mark.fast
 def test_innermost_frame_is_the_main_threads_first_frame():
     dump = (
-        "Process 12: python -m trainer.train\nPython v3.11.9 (/usr/bin/python3.11)\n\n"
+        "Process 12: python -m trainer.loop.train\nPython v3.11.9 (/usr/bin/python3.11)\n\n"
         'Thread 13 (idle): "pt_elastic"\n    sleep (time.py:1)\n'
-        'Thread 12 (idle): "MainThread"\n    wait (torch/distributed/x.py:7)\n    loop (trainer/train.py:9)\n'
+        'Thread 12 (idle): "MainThread"\n    wait (torch/distributed/x.py:7)\n'
+        "    loop (trainer/loop/train.py:9)\n"
     )
     assert stall.innermost_frame(dump) == "wait (torch/distributed/x.py:7)"
     unnamed = (
@@ -133,7 +134,7 @@ class Run:
         self, run_dir: Path, data_dir: Path, env: dict[str, str], extra_env: dict[str, str], record: Path
     ):
         seed_preflight(run_dir, record)  # the session's compile-check pass (tests/support/runs.py)
-        argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(run_dir)]
+        argv = [sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--run-dir", str(run_dir)]
         for item in [*TINY, f"data.path={data_dir}"]:
             argv += ["--set", item]
         self.run_dir = run_dir

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from tests.support.lingbot_tiny import VIEWS, tiny_cfg
-from trainer.batch import ACTION_SLOTS, action_slot_mask
 from trainer.config import InferConfig
 from trainer.data.normalize import QuantileNormalizer
 from trainer.inference.evaluate import Episode, evaluate_open_loop
@@ -19,6 +18,7 @@ from trainer.inference.sampler import ChunkSampler
 from trainer.inference.scheduler import FlowSchedule
 from trainer.model import WorldModel
 from trainer.model.kv_cache import LayerKVCache
+from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
 
 pytestmark = pytest.mark.fast
 F, TEXT = 2, 5

@@ -228,7 +228,7 @@ def test_without_env_args_the_tool_env_is_used_loudly(tmp_path, capsys, passing_
     ((command, env, attempt_dir),) = fake_torchrun.calls
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "2"
-    assert command[command.index("-m", 3) :][:2] == ["-m", "trainer.train"]
+    assert command[command.index("-m", 3) :][:2] == ["-m", "trainer.loop.train"]
     assert command[-2:] == ["--attempt-dir", str(attempt_dir)]  # the ranks get no config name, no --set
     ranks_config = json.loads((attempt_dir / "config.json").read_text())
     assert (

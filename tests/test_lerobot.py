@@ -16,7 +16,7 @@ import pytest
 from tests.support import runs
 from tests.support.lerobot_env import lerobot_site, run_writer
 from trainer.config import RunConfig, apply_overrides
-from trainer.config_rules import violations
+from trainer.config.rules import violations
 from trainer.data import lerobot
 from trainer.data.furniturebench import DatasetError
 

@@ -1,9 +1,9 @@
-"""The LingBot-VA mask on small layouts checked by hand (token order: see trainer/masks.py)."""
+"""The LingBot-VA mask on small layouts checked by hand (token order: see trainer/model/masks.py)."""
 
 import pytest
 import torch
 
-from trainer.masks import (
+from trainer.model.masks import (
     CLEAN,
     NOISY,
     PAD,
@@ -125,7 +125,7 @@ def test_the_run_shape_counts_every_camera_view_as_the_batch_lays_them_out():
     """sequence_shape (the stream's tokens/s and MFU lines) once counted one view of two: 2,176 tokens
     where the model attends 4,224 at the cluster config. It must agree with the batch's own layout."""
     from trainer.config import load_config
-    from trainer.masks import sequence_shape
+    from trainer.model.masks import sequence_shape
     from trainer.plan.estimate import tokens_per_micro_batch
     from trainer.plan.memory import synthetic_micro_batch
 

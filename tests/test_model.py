@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from tests.support.lingbot_tiny import micro_batch, tiny_cfg
-from trainer.attention import BoundAttention
-from trainer.batch import BatchError
-from trainer.losses import latent_loss
-from trainer.masks import SequenceShape, mask_density
 from trainer.model import WorldModel
-from trainer.parallel import apply_activation_checkpointing
+from trainer.model.attention import BoundAttention
+from trainer.model.masks import SequenceShape, mask_density
+from trainer.model.parallel import apply_activation_checkpointing
+from trainer.recipe.batch import BatchError
+from trainer.recipe.losses import latent_loss
 
 pytestmark = pytest.mark.fast
 

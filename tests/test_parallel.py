@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from tests.support.lingbot_tiny import TinyStream, tiny_cfg
 from trainer.config import RunConfig
 from trainer.model import WorldModel
-from trainer.parallel import (
+from trainer.model.parallel import (
     clip_grad_norm,
     mixed_precision_policy,
     prepare_micro_step,
@@ -33,7 +33,7 @@ def small_cfg():
 
 def train(model, streams, cfg, grad_sync, divide, sharded=False):
     """The minimal loop: accumulate ACCUM micro-steps, clip, AdamW. Returns per-step losses per stream.
-    `sharded`: set sync/reshard per micro-step with prepare_micro_step, as trainer/train.py does."""
+    `sharded`: set sync/reshard per micro-step with prepare_micro_step, as trainer/loop/train.py does."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     curves: list[list[float]] = [[] for _ in streams]
     for step in range(STEPS):

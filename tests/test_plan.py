@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from trainer.config import load_config
+from trainer.loop.profiling import BF16_DENSE_PEAK_FLOPS
 from trainer.plan import estimate
 from trainer.plan.gpus import GPU_KINDS, UnknownGpu, gpu_kind, match_device_name
-from trainer.profiling import BF16_DENSE_PEAK_FLOPS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -170,9 +170,9 @@ def test_a_plan_leaves_no_fake_tensor_behind_for_a_real_step_in_the_same_process
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from trainer import recipe
-    from trainer.attention import SdpaBackend
+    from trainer.recipe import draws as recipe
     from trainer.model import WorldModel
+    from trainer.model.attention import SdpaBackend
     from trainer.plan.memory import synthetic_micro_batch, traced_peak
 
     cfg = tiny()

@@ -154,7 +154,7 @@ def _rank_main(rank, init_file, folder, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     from torch.distributed.tensor import DTensor
 
-    from trainer.parallel import build_model
+    from trainer.model.parallel import build_model
 
     cfg = tiny_cfg(**{"model.pretrained": str(folder), "model.activation_checkpointing": True})
     model = build_model(cfg, torch.device("cpu"))

@@ -20,9 +20,9 @@ import pytest
 
 from tests.support.diskfull import assert_said_once, launch, one_checkpoint
 from tests.support.runs import STEPS, clean_env, finish, seed_preflight, summary
-from trainer.checkpoint_layout import scan
+from trainer.checkpoint.diskspace import OutOfSpace, SpaceReport, find_out_of_space, guard, short_of_room
+from trainer.checkpoint.layout import scan
 from trainer.data import cache as cache_mod
-from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space, guard, short_of_room
 
 # --- unit level: EDQUOT is matched wherever ENOSPC is --------------------------------------------------
 

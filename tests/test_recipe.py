@@ -1,11 +1,11 @@
-"""trainer.recipe: the reference's schedule, its random draws per micro-batch, and their determinism."""
+"""trainer.recipe.draws: the reference's schedule, its random draws per micro-batch, and their determinism."""
 
 import pytest
 import torch
 
 from tests.support.lingbot_tiny import clean_batch, empty_text, tiny_cfg
-from trainer.batch import DRAW_KEYS, check_micro_batch
-from trainer.recipe import check_recipe, draw_micro_batch, loss_weights, sigma_table, weight_table
+from trainer.recipe.batch import DRAW_KEYS, check_micro_batch
+from trainer.recipe.draws import check_recipe, draw_micro_batch, loss_weights, sigma_table, weight_table
 
 pytestmark = pytest.mark.fast
 

@@ -1,6 +1,6 @@
 """End to end on 2 CPU ranks: resume, preemption at several points, kill -9 of a rank, teardown hiccups.
 
-Every run is `python -m trainer.launch` (what bin/train execs) with a tiny model. Synchronisation is by
+Every run is `python -m trainer.launcher` (what bin/train execs) with a tiny model. Synchronisation is by
 files, never by sleeps: LINGBOT_TEST_PAUSE_AT makes one rank announce itself in PAUSE_DIR/reached and
 wait for PAUSE_DIR/release; the test signals the launcher, waits for the launcher's stop file (proof the
 stop request is out), then releases the rank.

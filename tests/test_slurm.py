@@ -206,7 +206,7 @@ def drive_kill9_torchrun(cluster: SlurmCluster, sc: Scenario) -> dict:
     poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause at step 3")
     torchrun = psutil.Process(reached_pid(sc)).parent()
     assert torchrun is not None and "torch.distributed.run" in " ".join(torchrun.cmdline()), torchrun
-    ranks = [p.pid for p in torchrun.children() if "trainer.train" in " ".join(p.cmdline())]
+    ranks = [p.pid for p in torchrun.children() if "trainer.loop.train" in " ".join(p.cmdline())]
     sc.notes["ranks"] = ranks
     torchrun.send_signal(signal.SIGKILL)
     release(sc)  # an orphaned rank 0 would now train on and claim completion

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.checkpoint_size import estimate_bytes, model_size
+from trainer.checkpoint.size import estimate_bytes, model_size
 from trainer.config import load_config
 from trainer.launcher.errors import PreflightError
 from trainer.launcher.preflight import space_check

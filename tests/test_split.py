@@ -1,5 +1,5 @@
 """The held-out split (trainer/data/split.py) and what the stream, the cache manifest and the config make
-of it; the best-checkpoint pointer and pruning (trainer/best_checkpoint.py, trainer/checkpoint.py)."""
+of it; the best-checkpoint pointer and pruning (trainer/checkpoint/best.py, checkpointer.py)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.best_checkpoint import POINTER, BestPin, find_best
-from trainer.checkpoint import prune
-from trainer.checkpoint_layout import MARKER, TRAIN_STATE, scan
-from trainer.config import ConfigError, RunConfig, apply_overrides
+from trainer.checkpoint.best import POINTER, BestPin, find_best
+from trainer.checkpoint.checkpointer import prune
+from trainer.checkpoint.layout import MARKER, TRAIN_STATE, scan
+from trainer.config import ConfigError, RunConfig, apply_overrides, check_config
 from trainer.data import generate as generate_mod
 from trainer.data.cache import manifest_split
 from trainer.data.split import SplitError, held_out_count, split_episodes
 from trainer.data.stream import BatchStream, build_stream
-from trainer.validate import val_batch
+from trainer.loop.validate import val_batch
 
 pytestmark = pytest.mark.fast
 
@@ -54,11 +54,11 @@ def test_split_too_small_and_bad_values_are_errors_naming_the_numbers():
         cfg = RunConfig()
         apply_overrides(cfg, {"data.val_episodes": bad}, "test")
         with pytest.raises(ConfigError, match="data.val_episodes"):
-            cfg.validate()
+            check_config(cfg)
     cfg = RunConfig()
     apply_overrides(cfg, {"checkpoint.best_by": "train_loss"}, "test")
     with pytest.raises(ConfigError, match="checkpoint.best_by must be one of val_action_loss"):
-        cfg.validate()
+        check_config(cfg)
 
 
 def test_manifest_records_the_split_or_why_not():

@@ -5,8 +5,9 @@
   its first decorator) has a line starting `# long:` that gives the reason;
 - provision/ never imports trainer/ (it runs before any trainer exists: on a bare login node, inside the
   worker simulation);
-- no import cycles between the project's modules (imports under `if TYPE_CHECKING:` excluded: they never
-  run);
+- no import cycles between the project's modules, type-only imports (`if TYPE_CHECKING:`) and the package
+  `__init__`s an import runs included;
+- trainer/'s top level holds packages and only the few modules several of its packages share;
 - test-only hooks (`LINGBOT_TEST_*`) are read in trainer/testhooks.py only;
 - every test is in exactly one lane, `fast` or `heavy` (tests/support/lanes.py fails the collection
   otherwise; checked here on a throwaway test dir).
@@ -73,17 +74,15 @@ def test_modules_and_functions_stay_small():
 
 
 def _imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The project modules `name` imports at run time (not under `if TYPE_CHECKING:`)."""
+    """The project modules `name` imports, type-only imports (`if TYPE_CHECKING:`) included: a module that
+    needs another's types for its annotations depends on it as much as one that calls it. Importing
+    `a.b.c` also runs the packages `a` and `a.b` (their `__init__`), so they count as imported too, except
+    the importer's own enclosing packages (already running when it is imported)."""
     tree = ast.parse(path.read_text())
-    type_only: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            type_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    enclosing = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     out: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -96,27 +95,24 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if target and target != name:
-                out.add(target)
+            while target:
+                if target != name and target not in enclosing:
+                    out.add(target)
+                target = target.rpartition(".")[0]
     return out
 
 
-def test_provision_never_imports_trainer_and_nothing_imports_in_a_cycle():
+def import_graph() -> dict[str, set[str]]:
     found = modules()
-    graph = {name: _imports(path, name, set(found)) for name, path in found.items()}
-    wrong = sorted(f"{m} imports {t}" for m, ts in graph.items() if m.startswith("provision") for t in ts
-                   if t.startswith("trainer"))  # fmt: skip
-    assert not wrong, wrong
+    return {name: _imports(path, name, set(found)) for name, path in found.items()}
 
-    # a package importing its own submodules (its __init__ re-exporting them) is not a cycle
-    def edges(m: str) -> set[str]:
-        return {t for t in graph[m] if not m.startswith(t + ".")}
 
+def find_cycles(graph: dict[str, set[str]]) -> list[str]:
     cycles, state = [], dict.fromkeys(graph, 0)  # 0 new, 1 on the stack, 2 done
 
     def visit(m: str, stack: list[str]) -> None:
         state[m] = 1
-        for t in sorted(edges(m)):
+        for t in sorted(graph[m]):
             if state[t] == 1:
                 cycles.append(" -> ".join([*stack[stack.index(t) :], t]))
             elif state[t] == 0:
@@ -126,7 +122,49 @@ def test_provision_never_imports_trainer_and_nothing_imports_in_a_cycle():
     for m in sorted(graph):
         if state[m] == 0:
             visit(m, [m])
-    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    return cycles
+
+
+def test_provision_never_imports_trainer_and_nothing_imports_in_a_cycle():
+    graph = import_graph()
+    wrong = sorted(f"{m} imports {t}" for m, ts in graph.items() if m.startswith("provision") for t in ts
+                   if t.startswith("trainer"))  # fmt: skip
+    assert not wrong, wrong
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles (type-only and package __init__s included):\n" + "\n".join(cycles)
+
+
+def test_the_cycle_check_sees_type_only_imports_and_package_inits():
+    """The rule can fail: a type-only import back, and an `__init__` that re-exports a module importing
+    a sibling package that imports back, are both cycles."""
+    assert find_cycles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a"]
+    tree = REPO / "trainer" / "config" / "rules.py"
+    assert "trainer.config.schema" in _imports(tree, "trainer.config.rules", set(modules()))
+    # trainer.loop.train imports trainer.checkpoint.checkpointer: the package trainer.checkpoint runs too
+    graph = import_graph()
+    assert {"trainer.checkpoint", "trainer.checkpoint.checkpointer"} <= graph["trainer.loop.train"]
+
+
+# The top level of trainer/ is packages plus these modules, each a contract between several packages.
+SHARED_TOP_LEVEL = {
+    "trainer.attempt": "the launcher <-> rank file protocol",
+    "trainer.outcomes": "why a run failed beyond a rank's error (Diverged, Hung): ranks and launcher",
+    "trainer.testhooks": "the one reader of the LINGBOT_TEST_* hooks",
+}
+
+
+def test_trainer_top_level_holds_packages_and_a_few_shared_modules():
+    """A reader finds where X lives from the folder names: trainer/'s top level has packages and only
+    the shared modules above, each imported by at least two of trainer's packages."""
+    top = {p.stem for p in (REPO / "trainer").glob("*.py")} - {"__init__"}
+    assert {f"trainer.{m}" for m in top} == set(SHARED_TOP_LEVEL), (
+        "trainer/ holds modules beyond the shared ones: move them into the package that owns them "
+        f"(found {sorted(top)})"
+    )
+    graph = import_graph()
+    for shared in SHARED_TOP_LEVEL:
+        users = {m.split(".")[1] for m, ts in graph.items() if shared in ts and m.count(".") >= 2}
+        assert len(users) >= 2, f"{shared} is imported by {sorted(users)} only: move it into that package"
 
 
 def test_test_hooks_live_in_one_module():

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.timing import COMM_PHASES, PHASES, StepBreakdown, install_comm_timing, summarize
+from trainer.loop.timing import COMM_PHASES, PHASES, StepBreakdown, install_comm_timing, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 GRAD_ACCUM = 3
@@ -103,7 +103,7 @@ def test_misuse_is_reported():
 @pytest.mark.fast
 def test_profiler_window_traces_exactly_the_active_steps(tmp_path):
     from trainer.config import ProfileConfig
-    from trainer.profiling import ProfilerWindow
+    from trainer.loop.profiling import ProfilerWindow
 
     window = ProfilerWindow(
         ProfileConfig(enabled=True, wait=1, warmup=1, active=2, start_step=3), tmp_path, 1, "cpu"
@@ -128,7 +128,7 @@ def test_profiler_window_traces_exactly_the_active_steps(tmp_path):
 
 @pytest.mark.fast
 def test_throughput_and_mfu_on_cpu():
-    from trainer.profiling import DeviceUtilisation, device_peak_flops, throughput
+    from trainer.loop.profiling import DeviceUtilisation, device_peak_flops, throughput
 
     assert device_peak_flops("cpu") is None
     assert throughput(1000, 2.0, 6e6, None) == {"tokens_per_s": 500.0, "mfu": None}
@@ -146,7 +146,7 @@ def _real_model(tmp: Path, device: torch.device):
     from trainer.config import load_config
     from trainer.data import build_stream
     from trainer.model import WorldModel
-    from trainer.parallel import set_grad_sync, shard_model
+    from trainer.model.parallel import set_grad_sync, shard_model
 
     cfg = load_config(
         "furniture_train",
@@ -204,7 +204,7 @@ def _worker(out_dir: Path) -> None:
     device = torch.device("cpu")
     try:
         import trainer.model  # noqa: F401
-        import trainer.parallel  # noqa: F401
+        import trainer.model.parallel  # noqa: F401
     except ImportError:
         model, batch_fn, loss_fn, set_grad_sync = _fallback_model(device)
         kind = "fallback"

@@ -2,7 +2,7 @@
 rendezvous endpoint, one shared run dir): completion, a stop signal, the resume, and what the verdict
 waits for. Also: a stop while a launcher waits in the rendezvous for a node that never comes.
 
-Every launcher is `python -m trainer.launch` (what bin/train execs) with a tiny model and --env-checked
+Every launcher is `python -m trainer.launcher` (what bin/train execs) with a tiny model and --env-checked
 (the compile checks are test_envcheck's). Synchronisation is by observation with deadlines, never by
 sleeps: LINGBOT_TEST_PAUSE_AT parks rank 0 at a step (or node 1's launcher before its report), the test
 acts, then releases it.
@@ -77,7 +77,7 @@ class Launcher:
 
 
 def start(node: int, run_dir: Path, data_dir: Path, env: dict, port: int, attempt: str, **extra) -> Launcher:
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", "1", "--cpu-scale", "--env-checked"]
+    argv = [sys.executable, "-m", "trainer.launcher", "furniture_train", "1", "--cpu-scale", "--env-checked"]
     argv += ["--run-dir", str(run_dir), "--nnodes", "2", "--node-rank", str(node)]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
     argv += set_args([*TINY, f"data.path={data_dir}"])

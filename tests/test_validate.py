@@ -1,4 +1,4 @@
-"""Held-out validation on 2 CPU ranks (trainer/validate.py): the numbers do not depend on the rank count,
+"""Held-out validation on 2 CPU ranks (trainer/loop/validate.py): the numbers do not depend on the rank count,
 training after an evaluation continues bit for bit as without it (also across a resume), and a run ends
 with its held-out losses and its best checkpoint in metrics.jsonl, TensorBoard, summary.json and the log."""
 
@@ -35,7 +35,15 @@ def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
     env["CONDA_ENVS_PATH"] = str(run_dir.parent / "no-envs")  # no provisioned env: the tool env
     env["OMP_NUM_THREADS"] = "1"
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", str(nproc), "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer.launcher",
+        "furniture_train",
+        str(nproc),
+        "--run-dir",
+        str(run_dir),
+    ]
     for item in [*TINY, f"data.path={data_dir}", *sets]:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
@@ -121,10 +129,10 @@ def _rank_main(rank: int, world: int, init_file: Path, data_dir: Path, out: Path
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from trainer.config import load_config
     from trainer.data import build_stream
+    from trainer.loop.timing import StepBreakdown
+    from trainer.loop.validate import evaluate
     from trainer.model import WorldModel
-    from trainer.parallel import shard_model
-    from trainer.timing import StepBreakdown
-    from trainer.validate import evaluate
+    from trainer.model.parallel import shard_model
 
     overrides = dict(item.split("=", 1) for item in TINY)
     cfg = load_config("furniture_train", cpu_scale=True, overrides={**overrides, "data.path": str(data_dir)})

@@ -1,7 +1,7 @@
 """The launcher <-> rank protocol: RUN_DIR/attempts/<id>/ and RUN_DIR/summary.json, with typed records.
 
 This module is the one owner of those files; the launcher (trainer/launcher/) and the ranks
-(trainer/train.py) both read and write them only through it. Every write is atomic (provision.atomic).
+(trainer/loop/train.py) both read and write them only through it. Every write is atomic (provision.atomic).
 
     RUN_DIR/attempts/<id>/
         config.json       the resolved, checked RunConfig, written by the launcher before any rank starts;
@@ -85,12 +85,12 @@ class CheckpointRef:
 
     @classmethod
     def of(cls, info: Any) -> CheckpointRef | None:
-        """From a trainer.checkpoint.CheckpointInfo (or None)."""
+        """From a trainer.checkpoint.checkpointer.CheckpointInfo (or None)."""
         return cls(info.step, str(info.path)) if info is not None else None
 
 
 def checkpoint_json(info: Any) -> dict[str, Any] | None:
-    """A trainer.checkpoint.CheckpointInfo (or None) as summary.json and progress.json hold it."""
+    """A checkpoint/layout.py CheckpointInfo (or None) as summary.json and progress.json hold it."""
     ref = CheckpointRef.of(info)
     return dataclasses.asdict(ref) if ref is not None else None
 
@@ -121,7 +121,9 @@ class RankStatus:
     # what must change before a rerun can pass (bad data, weights, config: it would fail the same way);
     # None: the failure may not repeat (a crash, a lost peer), the next run resumes
     needs_fix: str | None = None
-    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport when a write ran out of space
+    out_of_space: dict[str, Any] | None = (
+        None  # checkpoint/diskspace.py SpaceReport: a write ran out of space
+    )
     diverged: dict[str, Any] | None = None  # Diverged: the run stopped on non-finite values
 
 
@@ -152,7 +154,7 @@ class Summary:
     last_complete_checkpoint: dict[str, Any] | None = None  # {step, path}
     final_losses: dict[str, float] | None = None  # {loss, latent_loss, action_loss}
     wall_time_s: float | None = None
-    timing: dict[str, Any] | None = None  # per-phase summary from trainer.timing
+    timing: dict[str, Any] | None = None  # per-phase summary from trainer.loop.timing
     failed_rank: int | None = None
     rank_error: str | None = None
     world_size: int | None = None
@@ -161,9 +163,9 @@ class Summary:
     notes: list[str] | None = None
     env: dict[str, Any] | None = None  # {prefix, provisioned}
     data: dict[str, Any] | None = None  # DatasetSummary: episodes found/used/skipped, stand-ins, cameras
-    validation: dict[str, Any] | None = None  # the last held-out losses (trainer/validate.py Validation)
+    validation: dict[str, Any] | None = None  # the last held-out losses (trainer/loop/validate.py Validation)
     best_checkpoint: dict[str, Any] | None = None  # {step, path, pointer, metric, value} (checkpoint.best_by)
-    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport of a write that failed
+    out_of_space: dict[str, Any] | None = None  # checkpoint/diskspace.py SpaceReport of a failed write
     damaged_checkpoints: list[dict[str, Any]] | None = None  # moved aside: {step, path, moved_to, problem}
     diverged: dict[str, Any] | None = None  # Diverged: stopped on non-finite values (status failed)
     nonfinite_skipped: list[int] | None = None  # steps whose update was skipped (train.nonfinite=skip)

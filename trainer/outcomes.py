@@ -1,5 +1,5 @@
 """The typed records of why a run failed, beyond a rank's error: Diverged (non-finite values, found by
-trainer/divergence.py on the ranks) and Hung (no step for too long, found by the launcher's stall detector,
+loop/divergence.py on the ranks) and Hung (no step for too long, found by the launcher's stall detector,
 trainer/launcher/stall.py). trainer/attempt.py carries them in the rank records, hung.node<N>.json and
 summary.json; this module only defines them (it imports nothing of the project).
 """
@@ -24,7 +24,7 @@ def _fmt(value: float) -> str:
 
 @dataclass
 class Diverged:
-    """A run stopped on non-finite values (trainer/divergence.py finds them): carried by the rank records
+    """A run stopped on non-finite values (trainer/loop/divergence.py finds them): carried by the rank records
     and summary.json (`diverged`); its line() is the launcher's one line."""
 
     step: int

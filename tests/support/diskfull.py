@@ -1,6 +1,6 @@
 """Helpers for the full-disk and quota tests: a tiny 2-rank CPU launch, its outputs, the one-line check.
 
-`launch` runs `python -m trainer.launch` (what bin/train execs) with the TINY overrides; `assert_said_once`
+`launch` runs `python -m trainer.launcher` (what bin/train execs) with the TINY overrides; `assert_said_once`
 checks the launcher's one out-of-space line (filesystem, path, free, needed, the fix) and that no traceback
 reached the terminal. `Tmpfs` mounts a size-limited tmpfs (skips without root). The rest of a run's helpers
 (clean_env, finish, summary, wait_for) are tests/support/runs.py's.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import runs
-from trainer.checkpoint_size import estimate_bytes, model_size
+from trainer.checkpoint.size import estimate_bytes, model_size
 from trainer.config import load_config
 
 TINY = runs.tiny(keep=2, tensorboard=False)

@@ -23,7 +23,7 @@ import torch
 
 from trainer.config import RunConfig
 from trainer.model import WorldModel, apply_pretrained_config, load_full
-from trainer.recipe import sigma_table
+from trainer.recipe.draws import sigma_table
 
 # where the parity run's files are; None (the live checks skip, saying how to make them) when unset
 GOLDEN = Path(os.environ["LINGBOT_GOLDEN_DIR"]) if os.environ.get("LINGBOT_GOLDEN_DIR") else None
@@ -70,7 +70,7 @@ def model_cfg(actions_per_frame: int, pretrained: Path | str = "") -> RunConfig:
 
 def batch_from_reference(inputs: dict[str, torch.Tensor], recipe) -> dict[str, torch.Tensor]:
     """The reference's batch + draws ([B, C, F, H, W] latents, [B, 30, F, N, 1] actions, timestep ids into its
-    1000-step grids) -> our micro-batch (trainer/batch.py)."""
+    1000-step grids) -> our micro-batch (trainer/recipe/batch.py)."""
     steps = recipe.num_train_timesteps
     lat = inputs["latents"].permute(0, 2, 1, 3, 4).contiguous()
     b, f = lat.shape[:2]

@@ -1,7 +1,7 @@
-"""A tiny LingBot-VA for the model tests: its config, micro-batches in the trainer/batch.py contract.
+"""A tiny LingBot-VA for the model tests: its config, micro-batches in the trainer/recipe/batch.py contract.
 
 The clean part is synthetic (random latents, actions in the FurnitureBench slots, random prompt embeddings);
-every random draw comes from trainer.recipe.draw_micro_batch, as in training. A tiny model in the released
+every random draw comes from recipe/draws.py draw_micro_batch, as in training. A tiny model in the released
 key layout is written with trainer.model.export_reference (real code, stand-in weights).
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.batch import ACTION_SLOTS, CleanBatch, action_slot_mask
-from trainer.config import RunConfig, apply_overrides
-from trainer.recipe import EmptyText, draw_micro_batch
+from trainer.config import RunConfig, apply_overrides, check_config
+from trainer.recipe.batch import ACTION_SLOTS, CleanBatch, action_slot_mask
+from trainer.recipe.draws import EmptyText, draw_micro_batch
 
 TEXT_LEN = 5
 VIEWS = 2  # two camera views combined along the width
@@ -36,7 +36,7 @@ TINY = {
 def tiny_cfg(**overrides) -> RunConfig:
     cfg = RunConfig()
     apply_overrides(cfg, {**TINY, **overrides}, "test")
-    cfg.validate()
+    check_config(cfg)
     return cfg
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from safetensors.torch import save_file
 
 from bench.bench_reference import PARITY, PARITY_SETUP, _import_reference, _reference_compute_loss
-from trainer.masks import dense_mask
+from trainer.model.masks import dense_mask
 
 if PARITY is None:
     sys.exit(f"LINGBOT_PARITY_DIR is not set; make the upstream install with: {PARITY_SETUP}")

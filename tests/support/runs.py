@@ -4,7 +4,7 @@ test_slurm, test_diskspace/test_quota (through diskfull) and test_train_json sha
 tiny(...)          the `--set` list of a tiny run (a 48-wide, 2-deep model on 4 generated episodes).
 clean_env(no_envs) a launch environment: no provisioned env (CONDA_ENVS_PATH an empty dir), no
                    LINGBOT_/SLURM_/CONDA_PREFIX/MASTER_* variables, OMP_NUM_THREADS=1.
-launch / finish    `python -m trainer.launch` (what bin/train execs) as a Popen; its exit and output.
+launch / finish    `python -m trainer.launcher` (what bin/train execs) as a Popen; its exit and output.
 wait_for           a file under a dir, with a deadline, failing early (with the output) if the launcher exits.
 pause_env/release  the LINGBOT_TEST_PAUSE_* hook (trainer/testhooks.py): a rank announces itself in
                    PAUSE_DIR/reached and waits for PAUSE_DIR/release.
@@ -81,9 +81,17 @@ def launch(
     extra_env: dict[str, str] | None = None,
     split_stderr: bool = False,
 ) -> subprocess.Popen:
-    """`python -m trainer.launch furniture_train NPROC` on the tiny run (or `overrides`) plus `sets`;
+    """`python -m trainer.launcher furniture_train NPROC` on the tiny run (or `overrides`) plus `sets`;
     stderr joins stdout unless `split_stderr`."""
-    argv = [sys.executable, "-m", "trainer.launch", "furniture_train", str(nproc), "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer.launcher",
+        "furniture_train",
+        str(nproc),
+        "--run-dir",
+        str(run_dir),
+    ]
     argv += set_args([*(tiny() if overrides is None else overrides), f"data.path={data_dir}", *sets])
     return subprocess.Popen(
         argv,
@@ -172,7 +180,7 @@ def complete_steps(run_dir: Path) -> list[int]:
 def record_preflight(seed_dir: Path, env: dict[str, str]) -> Path:
     """One real `--preflight-only` launch in `seed_dir` (its compile checks run and pass); the record."""
     done = subprocess.run(
-        [sys.executable, "-m", "trainer.launch", "furniture_train", "2", "--run-dir", str(seed_dir),
+        [sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--run-dir", str(seed_dir),
          "--preflight-only", *set_args(tiny())],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip

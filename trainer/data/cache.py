@@ -21,8 +21,8 @@ the trainer refuses a stale cache (or a
 manifest whose spec disagrees with its directory) naming what differs. `prepare` is resumable: an episode
 entry whose fingerprint and spec hash match is not redone, so a killed run continues where it stopped.
 Every file is written atomically (provision/atomic.py): a write that runs out of space or quota leaves no
-partial entry and raises trainer.diskspace.OutOfSpace naming the entry and its size; the manifest, written
-last, is then never written, so an incomplete cache is never taken for a complete one.
+partial entry and raises OutOfSpace (checkpoint/diskspace.py) naming the entry and its size; the
+manifest, written last, is then never written, so an incomplete cache is never taken for a complete one.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 
 from provision.atomic import write_atomic
+from trainer.checkpoint.diskspace import guard
 from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK, Discovery
 from trainer.data.encoder import VideoEncoder, config_hash
 from trainer.data.furniturebench import DatasetError, Episode, episode_status, validate_episode
 from trainer.data.split import RULE, SplitError, split_record
 from trainer.data.text import TextEncoder
-from trainer.diskspace import guard
 
 CACHE_DIR = ".latents"
 MANIFEST = "manifest.json"

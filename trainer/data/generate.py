@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.checkpoint.diskspace import OutOfSpace, guard
 from trainer.data.discovery import TIMESTAMP_FORMAT, discover
 from trainer.data.furniturebench import IMAGE_SHAPE, write_episode
-from trainer.diskspace import OutOfSpace, guard
 
 GENERATOR_VERSION = 2
 FIRST_SAVE = dt.datetime(2026, 1, 1, 0, 0, 0)

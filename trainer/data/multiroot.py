@@ -1,5 +1,5 @@
 """Several LeRobot dataset roots in one run: `data.path: /data/a,/data/b` (data.format lerobot; a rule in
-trainer/config_rules.py refuses commas otherwise).
+trainer/config/rules.py refuses commas otherwise).
 
     roots = data_roots(cfg)                    # [Path], each resolved as trainer/data/location.py does
     one = for_root(cfg, root)                  # a copy of cfg whose data.path is that root alone

@@ -10,7 +10,7 @@ then rank 0 writes the text embeddings and the manifest. Resumable: run it again
 episodes are kept. bin/train calls `ensure_cache` (below) itself when the cache is missing: rank 0
 prepares, the other ranks wait for its outcome (a broadcast on a gloo group with a long timeout, so a long
 preparation does not trip NCCL's watchdog). A preparation that fails on rank 0 fails on every rank: out of
-space or quota is trainer.diskspace.OutOfSpace everywhere (the trainer stops all ranks at its safe point and
+space or quota is OutOfSpace everywhere (the trainer stops all ranks at its safe point and
 the launcher says it in one line), never a rank left waiting on a barrier rank 0 will not reach.
 
 Stand-ins (patch_mean, the stand-in text embedding) are announced loudly in the log and recorded in the
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoint.diskspace import OutOfSpace, SpaceReport, find_out_of_space
 from trainer.data.cache import (
     MANIFEST,
     StaleCache,
@@ -44,7 +45,6 @@ from trainer.data.encoder import VideoEncoder, make_encoder
 from trainer.data.furniturebench import CAMERAS, DatasetError
 from trainer.data.sources import LEROBOT, data_format, discover_source
 from trainer.data.text import TextEncoder, make_text_encoder
-from trainer.diskspace import OutOfSpace, SpaceReport, find_out_of_space
 
 STAND_IN_BANNER = "!" * 100
 

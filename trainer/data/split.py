@@ -14,7 +14,7 @@ hash ranks among the k lowest. Both lists come back in the order of `names`.
 
 A split that leaves nothing to train on (n <= k) is SplitError naming both numbers; a val that is neither
 a count nor a fraction is SplitError too. trainer/data/stream.py applies it (training clips come from
-`train` only), trainer/validate.py scores `held_out`.
+`train` only), trainer/loop/validate.py scores `held_out`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The training batch stream: FurnitureBench episodes -> the latent cache -> deterministic micro-batches.
 
     stream = build_stream(cfg, rank, world_size)
-    batch = stream.micro_batch(step, micro)      # dict of CPU tensors: trainer/batch.py's MicroBatch
+    batch = stream.micro_batch(step, micro)      # dict of CPU tensors: trainer/recipe/batch.py's MicroBatch
     stream.data_summary                          # DatasetSummary: found/used/skipped, stand-ins
 
 build_stream: generate a dataset if data.path is empty and allowed (ensure_dataset), make sure the latent
@@ -21,7 +21,7 @@ resuming at step N needs only N. Sample order: the global sample counter
     g = ((step * grad_accum + micro) * world_size + rank) * batch_size + b
 walks an epoch permutation of all clips (torch.randperm seeded by (seed, epoch)); ranks take
 neighbouring counters, so within a step they never share a clip, and epochs follow each other. Every
-random draw of the recipe is made by one call per micro-batch (trainer/recipe.py draw_micro_batch) from a
+random draw of the recipe is made by one call per micro-batch (recipe/draws.py draw_micro_batch) from a
 generator seeded by (seed, step, micro, rank).
 """
 
@@ -40,7 +40,6 @@ from typing import cast
 import numpy as np
 import torch
 
-from trainer.batch import ACTION_SLOTS, CleanBatch
 from trainer.data.cache import cache_dir
 from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
@@ -48,8 +47,9 @@ from trainer.data.location import resolve_data_path
 from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
 from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.split import SplitError, split_record
-from trainer.masks import SequenceShape, sequence_shape
-from trainer.recipe import EmptyText, draw_micro_batch
+from trainer.model.masks import SequenceShape, sequence_shape
+from trainer.recipe.batch import ACTION_SLOTS, CleanBatch
+from trainer.recipe.draws import EmptyText, draw_micro_batch
 
 ACTION_CLIP = 1.5  # reference _action_post_process; recipe.action_clip when the recipe config exists
 
@@ -60,7 +60,7 @@ BATCH_KEYS = {
     "text_emb": "(B, L, text_dim) float32 the task prompt's embedding, zero-padded",
     "text_mask": "(B, L) bool True on real prompt tokens",
     "sample_index": "(B,) int64 global clip index (episode-major), for checks and logs",
-    "...": "the recipe's draws: see trainer/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
+    "...": "the recipe's draws: see recipe/batch.py (sigmas, noise, history, chunk/window, text_dropped)",
 }
 
 
@@ -88,7 +88,7 @@ class BatchStream:
 
         names[e]: episode e's stable identifier (its path in the cache manifest); episodes named in
         `held_out` (trainer/data/split.py) give no training clip: they are in `val_episodes` for
-        trainer/validate.py. Statistics (latent standardisation, action quantiles) come from the training
+        trainer/loop/validate.py. Statistics (latent standardisation, action quantiles) come from the training
         episodes only and are applied to the held-out ones."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world size {world_size}")
@@ -215,7 +215,7 @@ class BatchStream:
 
     def val_clips(self) -> list[tuple[int, int]]:
         """(episode, first latent frame) of every held-out clip: non-overlapping windows of data.frames
-        from frame 0 of each held-out episode (trainer/validate.py scores them), in episode order."""
+        from frame 0 of each held-out episode (trainer/loop/validate.py scores them), in episode order."""
         frames = self.cfg.data.frames
         return [
             (e, s) for e in self.held_out for s in range(0, self.latents[e].shape[0] - frames + 1, frames)
@@ -237,7 +237,7 @@ class BatchStream:
         idx = self.sample_indices(step, micro)
         clean = self.clean_batch(idx)
         g = _seeded(self.seed, step, micro, self.rank)
-        # every random draw of the recipe, in its documented order (trainer/recipe.py)
+        # every random draw of the recipe, in its documented order (trainer/recipe/draws.py)
         empty = EmptyText(emb=self.empty_emb, mask=self.empty_mask)
         drawn = draw_micro_batch(self.cfg.recipe, cast(CleanBatch, clean), empty, g)
         batch = cast(dict[str, torch.Tensor], dict(drawn))

@@ -56,7 +56,7 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
 def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
     import torch
 
-    from trainer.config import load_config, parse_set
+    from trainer.config import check_config, load_config, parse_set
     from trainer.inference.data import load_episodes, make_sampler
     from trainer.inference.evaluate import evaluate_open_loop
     from trainer.inference.load import load_model, pick_device
@@ -67,7 +67,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
         from trainer.config import apply_overrides
 
         apply_overrides(cfg, parse_set(list(sets)), "--set")
-        cfg.validate()
+        check_config(cfg)
     _say(f"evaluate: {what}")
     dev = pick_device(device)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import ACTION_SLOTS
 from trainer.data.furniturebench import DatasetError
 from trainer.inference.evaluate import Episode
 from trainer.inference.sampler import ChunkSampler
+from trainer.recipe.batch import ACTION_SLOTS
 
 
 @dataclass

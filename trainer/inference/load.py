@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint_layout import MARKER, TRAIN_STATE, latest_complete
+from trainer.checkpoint.layout import MARKER, TRAIN_STATE, latest_complete
 from trainer.config import ConfigError, RunConfig, config_from_dict
 
 

@@ -15,6 +15,6 @@ processes and the signals, never imports torch's training stack at module level.
     errors.py, console.py  PreflightError/StopBeforeStart; say()
     main.py           the order of the above and the messages
 
-The rank side (provisioned env, model, loop) is trainer/train.py and the modules it imports; the two
+The rank side (provisioned env, model, loop) is trainer/loop/train.py and the modules it imports; the two
 sides talk only through RUN_DIR/attempts/<id>/ (trainer/attempt.py).
 """

@@ -1,9 +1,15 @@
-"""`python -m trainer.launcher`: the same as bin/train."""
+"""`python -m trainer.launcher` (what bin/train runs): the launcher's process entry.
+
+The early signal capture runs before the heavy imports: a stop signal now is recorded, not fatal."""
 
 from __future__ import annotations
 
 import sys
 
-from trainer.launcher.main import main
+if __name__ == "__main__":
+    from trainer.launcher import early
 
-sys.exit(main())
+    early.capture()
+    from trainer.launcher.main import main
+
+    sys.exit(main())

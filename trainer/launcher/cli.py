@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "exit codes: 0 done, 1 failed, 2 bad usage/config, 3 preflight failed, 75 preempted (resume me)"
         ),
     )
-    parser.add_argument("config", help="a config name from trainer/configs/ (e.g. furniture_train)")
+    parser.add_argument("config", help="a config name from trainer/config/presets/ (e.g. furniture_train)")
     parser.add_argument("nproc", type=_positive_int, help="ranks per node (GPUs per node on a GPU machine)")
     env = parser.add_mutually_exclusive_group()
     env.add_argument("--env", metavar="NAME", help="a provisioned env under conda's envs dir")

@@ -3,7 +3,7 @@
 Under Slurm a stop signal can come at any moment, also while bin/train is still starting (bash, the tool
 env, Python's imports): SIGUSR1's default action is to terminate, which Slurm would record as FAILED.
 bin/train (bash) traps the signals until it execs Python and passes one that came in
-LINGBOT_EARLY_SIGNAL (ignoring them across the exec); trainer/launch.py calls capture() before any
+LINGBOT_EARLY_SIGNAL (ignoring them across the exec); trainer/launcher/__main__.py calls capture() before any
 heavy import; main() asks pending() once its own handlers are in place and stops before anything runs.
 """
 

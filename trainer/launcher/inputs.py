@@ -1,6 +1,6 @@
 """The preflight's judgement of what needs the data or the weights (exit 3 when wrong, no rank started).
 
-Values judgeable without them are trainer/config_rules.py's (exit 2, before this). Here, without reading
+Values judgeable without them are trainer/config/rules.py's (exit 2, before this). Here, without reading
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
   as the ranks' trainer/data/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's meta/,

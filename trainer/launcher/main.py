@@ -50,10 +50,9 @@ from trainer.attempt import (
     read_summary,
     summary_path,
 )
-from trainer.checkpoint import resume_conflicts, scan
-from trainer.checkpoint_layout import quarantine_damaged
-from trainer.config import CONFIG_DIR, ConfigError, RunConfig, parse_set, resolve_config
-from trainer.divergence import nonfinite_in_checkpoint
+from trainer.checkpoint.checkpointer import resume_conflicts, scan
+from trainer.checkpoint.layout import quarantine_damaged
+from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
 from trainer.launcher import early, nodes, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
@@ -75,6 +74,7 @@ from trainer.launcher.summaries import (
     write_final_summary,
     write_running_summary,
 )
+from trainer.loop.divergence import nonfinite_in_checkpoint
 from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10
@@ -93,7 +93,7 @@ def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
         "--master-addr", rdzv.master_addr, "--master-port", str(rdzv.master_port),
         "--rdzv-id", rdzv.attempt, "--max-restarts", "0",
         "--log-dir", str(attempt.node_log_dir(rdzv.node_rank)),
-        "-m", "trainer.train", "--run-dir", str(launch.run_dir), "--attempt-dir", str(attempt.dir),
+        "-m", "trainer.loop.train", "--run-dir", str(launch.run_dir), "--attempt-dir", str(attempt.dir),
     ]  # fmt: skip
 
 
@@ -159,7 +159,7 @@ def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, Pretrai
     except PretrainedError as exc:
         return cfg, cpu_scale, exc
     try:
-        cfg.validate(sources)
+        check_config(cfg, sources)
     except ConfigError as exc:  # a dimension from config.json that this trainer cannot build
         return cfg, cpu_scale, PretrainedError(f"{cfg.model.pretrained}: {exc}")
     return cfg, cpu_scale, None

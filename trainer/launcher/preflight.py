@@ -238,9 +238,9 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     existing checkpoints already take; PreflightError names both numbers.
     Returns notes (the estimate; a warning when checkpoint.skip_space_check overrides a refusal)."""
     from provision.nodeinfo import free_bytes, mount_of
-    from trainer.checkpoint import scan
-    from trainer.checkpoint_size import estimate_bytes, model_size
-    from trainer.diskspace import human
+    from trainer.checkpoint.checkpointer import scan
+    from trainer.checkpoint.diskspace import human
+    from trainer.checkpoint.size import estimate_bytes, model_size
 
     one = estimate_bytes(cfg, model_size(cfg), world_size)
     pinned = cfg.checkpoint.validate and cfg.checkpoint.best_by != "none" and cfg.data.val_episodes != 0

@@ -5,7 +5,7 @@ every rank at its collective, so one writer speaks for all) while it waits for t
 has completed for longer than the limit, it says one line, records every local rank's Python stacks and
 ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
 
-The limit (config `hang`, trainer/config.py HangConfig): step_factor x the median step time of this
+The limit (config `hang`, trainer/config/schema.py HangConfig): step_factor x the median step time of this
 attempt after its first warm_up_steps steps, at least floor_s, at most 0.9 x collective_timeout_s (the
 backend's own timeout is the backstop and must come later). Before the attempt's first step the limit
 is start_s, counted from torchrun's start: the ranks' start-up (imports, model, resume, dataset) and the
@@ -107,7 +107,7 @@ def rank_processes(torchrun_pid: int) -> dict[int, psutil.Process]:
         return found
     for child in children:
         try:
-            if "trainer.train" in " ".join(child.cmdline()):
+            if "trainer.loop.train" in " ".join(child.cmdline()):
                 found[int(child.environ()["RANK"])] = child
         except (psutil.Error, KeyError, ValueError):
             pass

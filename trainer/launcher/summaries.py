@@ -1,6 +1,6 @@
 """The summaries the launcher writes (RUN_DIR/summary.json through trainer.attempt.Summary): a preflight
 failure, a stop before any rank started, `running` before any rank starts, a finished run settled, and
-the final verdict. (Rank 0 writes its own at the end of the loop: trainer/observe.py.)
+the final verdict. (Rank 0 writes its own at the end of the loop: trainer/loop/observe.py.)
 
 And the last line of every outcome, `next_run_line`: what the next run of the same command will do,
 from what is on disk: resume from step N (named), start fresh, find the run complete, or fail the same
@@ -28,9 +28,9 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
-from trainer.checkpoint import scan
+from trainer.checkpoint.checkpointer import scan
+from trainer.checkpoint.diskspace import OutOfSpace, guard
 from trainer.config import RunConfig
-from trainer.diskspace import OutOfSpace, guard
 from trainer.launcher import supervise
 from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch

@@ -7,7 +7,7 @@ a SIGUSR1 to every rank. torchrun is never the one that acts on a stop, even whe
   SIGHUP,SIGQUIT (PET_SIGNALS_TO_HANDLE). Otherwise SIGUSR1 kills it (no handler: exit -10, the
   ranks orphaned mid-save) and SIGTERM makes it raise SignalException (a 30-line traceback) and
   SIGKILL the ranks 30 s later.
-  The ranks inherit the ignored dispositions until trainer/rank.py installs its own stop handlers.
+  The ranks inherit the ignored dispositions until trainer/loop/rank.py installs its own stop handlers.
 - torchrun's parent-death signal is SIGHUP, which it does handle: if the launcher dies (kill -9 too),
   torchrun stops its ranks and exits.
 - The launcher is a child subreaper: if torchrun dies (kill -9), its ranks become the launcher's
@@ -195,7 +195,7 @@ class Torchrun:
         pids = []
         for child in children:
             try:
-                if "trainer.train" in " ".join(child.cmdline()):
+                if "trainer.loop.train" in " ".join(child.cmdline()):
                     pids.append(child.pid)
             except psutil.Error:
                 pass

@@ -48,7 +48,7 @@ class Verdict:
     failed_rank: int | None = None
     rank_error: str | None = None
     notes: list[str] = field(default_factory=list)
-    out_of_space: dict[str, Any] | None = None  # trainer.diskspace.SpaceReport: reason is its one line
+    out_of_space: dict[str, Any] | None = None  # checkpoint/diskspace.py SpaceReport: reason = its line
     needs_fix: str | None = None  # the failing rank's RankStatus.needs_fix: a rerun fails the same way
     diverged: dict[str, Any] | None = None  # trainer.attempt.Diverged: reason is its one line
     hung: dict[str, Any] | None = None  # trainer.attempt.Hung: the stall detector ended the attempt
@@ -148,7 +148,7 @@ def _failure(
         found = Diverged.from_json(rec.diverged) if rec else None
         if (
             rec is not None and found is not None
-        ):  # every rank stopped on the same non-finite step (trainer/divergence.py)
+        ):  # every rank stopped on the same non-finite step (trainer/loop/divergence.py)
             return Verdict(FAILED, reason=found.line(), failed_rank=found.rank, diverged=rec.diverged)
     for r, rec in records.items():
         if rec and rec.status == FAILED:

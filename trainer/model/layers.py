@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.attention import BoundAttention
+from trainer.model.attention import BoundAttention
 
 ROPE_THETA = 10000.0
 

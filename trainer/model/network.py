@@ -17,11 +17,11 @@ layers are in trainer/model/layers.py; this module assembles them and packs a mi
                              the token's time projection, in fp32.
     norm_out, proj_out, action_proj_out, scale_shift_table [1, 2, D]   output heads (shift, scale)
 
-One micro-batch (trainer/batch.py) becomes one sequence, samples after each other inside each group:
+One micro-batch (trainer/recipe/batch.py) becomes one sequence, samples after each other inside each group:
     noisy video | clean (history) video | noisy actions | clean actions | padding
 with per-token timestep modulation, RoPE positions (frame, row, col) for video and (f + (j+1)/(N+1), -1, -1)
 for the j-th of N actions of frame f (recipe.action_rope=reference), and one self-attention mask per forward
-(trainer/masks.py) shared by all blocks. Cross-attention: each token attends its own sample's prompt.
+(trainer/model/masks.py) shared by all blocks. Cross-attention: each token attends its own sample's prompt.
 
     model = WorldModel(cfg)
     out = model(batch)        # {"loss", "latent_loss", "action_loss"}; loss not divided by grad_accum
@@ -38,17 +38,7 @@ import functools
 import torch
 from torch import nn
 
-from trainer.attention import BoundAttention, make_backend, resolve_backend
-from trainer.batch import check_micro_batch
-from trainer.losses import action_loss, add_noise, latent_loss, velocity_target
-from trainer.masks import (
-    SequenceShape,
-    TokenLayout,
-    lingbot_mask_mod,
-    mask_density,
-    sequence_shape,
-    token_layout,
-)
+from trainer.model.attention import BoundAttention, make_backend, resolve_backend
 from trainer.model.layers import (
     ConditionEmbedder,
     CrossContext,
@@ -56,7 +46,17 @@ from trainer.model.layers import (
     fp32_layer_norm,
     rope_tables,
 )
-from trainer.recipe import loss_weights
+from trainer.model.masks import (
+    SequenceShape,
+    TokenLayout,
+    lingbot_mask_mod,
+    mask_density,
+    sequence_shape,
+    token_layout,
+)
+from trainer.recipe.batch import check_micro_batch
+from trainer.recipe.draws import loss_weights
+from trainer.recipe.losses import action_loss, add_noise, latent_loss, velocity_target
 
 
 class WorldModel(nn.Module):
@@ -104,7 +104,7 @@ class WorldModel(nn.Module):
         self.attention_name, self.attention_reason = name, reason
 
     def use_attention_backend(self, backend, reason: str) -> None:
-        """Use this backend object (build_mask/attend, as trainer/attention.py) on every device."""
+        """Use this backend object (build_mask/attend, as trainer/model/attention.py) on every device."""
         self._backend, self._backend_device = backend, "any"
         self.attention_name, self.attention_reason = backend.name, reason
 

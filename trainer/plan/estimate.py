@@ -7,7 +7,7 @@
 Accounting (per rank, per optimizer step of grad_accum micro-batches):
 - model FLOPs = WorldModel.flops_per_token() x real tokens per micro-batch x grad_accum (what MFU counts);
   executed FLOPs add the forward that activation checkpointing recomputes (x 4/3).
-- FSDP2 (trainer/parallel.py): block parameters are all-gathered once per step with
+- FSDP2 (trainer/model/parallel.py): block parameters are all-gathered once per step with
   train.keep_params_gathered, else twice per micro-step (forward, and backward's recompute/gradient);
   the root's once per step (kept) or once per micro-step. Gradients are reduce-scattered once per step
   (train.grad_sync=last) or per micro-step (every), in fp32. Wire bytes of a ring collective per rank =
@@ -94,7 +94,7 @@ def _param_counts(cfg) -> tuple[int, int, int, int, float]:
 
 
 def tokens_per_micro_batch(cfg) -> int:
-    from trainer.masks import sequence_shape
+    from trainer.model.masks import sequence_shape
 
     return sequence_shape(cfg).tokens(cfg.train.batch_size)
 
@@ -131,7 +131,7 @@ def make_plan(
     cfg, world_size: int, nnodes: int = 1, kinds: list[GpuKind] | None = None, target: str = "cuda"
 ):
     """The plan of cfg on world_size ranks; kinds: the GPU kinds to evaluate (target cuda)."""
-    from trainer.checkpoint_size import estimate_bytes, model_size
+    from trainer.checkpoint.size import estimate_bytes, model_size
     from trainer.plan.memory import TRACE_DEPTHS, target_config, traced_peak
 
     resolved = target_config(cfg, target)

@@ -7,7 +7,7 @@ Figures are per GPU. Peaks are *dense* bf16 tensor-core FLOP/s: NVIDIA's data sh
 figure ("with sparsity"), which is twice the dense one. Interconnect: the bandwidth one GPU can send to
 its peers in one direction (NVLink data sheets print the bidirectional total, twice that). Several
 nodes: the slowest link is the node's network, INTER_NODE_BYTES_PER_S per GPU unless known better.
-trainer/profiling.py's MFU table is derived from this one (one place for every peak).
+trainer/loop/profiling.py's MFU table is derived from this one (one place for every peak).
 """
 
 from __future__ import annotations

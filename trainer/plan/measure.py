@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc-per-node 2 -m trainer.plan.measure \\
         --config furniture_train --cpu-scale --out measured.json [--set key=value ...]
 
-Each rank builds the model exactly as a run does (trainer.parallel.build_model), AdamW as
-trainer.train.build makes it, and a micro-batch of the run's shapes (trainer.plan.memory's synthetic
+Each rank builds the model exactly as a run does (trainer.model.parallel.build_model), AdamW as
+trainer.loop.train.build makes it, and a micro-batch of the run's shapes (trainer.plan.memory's synthetic
 one). One whole optimizer step runs untracked (AdamW's state now exists: the steady state), then one
 whole step (every micro-step of train.grad_accum, then AdamW) runs under FSDPMemTracker in real mode.
 On CUDA it also records torch.cuda.max_memory_allocated over the tracked step (the allocator's own
@@ -25,7 +25,7 @@ import torch.distributed as dist
 def measure(cfg, device: torch.device) -> dict:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from trainer.parallel import build_model
+    from trainer.model.parallel import build_model
     from trainer.plan.memory import make_optimizer, peak_by_category, synthetic_micro_batch, tracked_step
 
     model = build_model(cfg, device)

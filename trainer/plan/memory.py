@@ -1,5 +1,5 @@
 """Peak memory per rank of one optimizer step, traced on the CPU: fake process group, FakeTensorMode,
-a meta-built model sharded exactly as trainer.parallel.shard_model shards it, and PyTorch's FSDPMemTracker.
+a meta-built model sharded exactly as model/parallel.py shard_model shards it, and PyTorch's FSDPMemTracker.
 
     peak = traced_peak(cfg, world_size, target)     # {category: bytes} at the step's peak, + "total"
 
@@ -10,7 +10,7 @@ What is traced (the same code a rank runs: WorldModel, shard_model, prepare_micr
   train.grad_sync=last) and the last (the reduce-scatter); every other middle micro-step repeats the
   middle one. Then clip-free AdamW step (the clip's norm is a scalar per tensor).
 - Mixed precision as on the target: `auto` means bf16 parameters / fp32 reduction on a GPU, fp32 on CPU.
-- Attention as on the target. cpu: the backend trainer.attention.resolve_backend picks there (sdpa with
+- Attention as on the target. cpu: the backend trainer.model.attention.resolve_backend picks there (sdpa with
   the dense LingBot mask on torch 2.13). GPU: compiled FlexAttention, which never materialises the
   (L, L) score matrix. FlexAttention cannot run on the CPU build, so a stand-in op with flex's memory
   takes its place: forward allocates the output (B, H, L, d) and the fp32 log-sum-exp (B, H, L) and saves
@@ -83,7 +83,7 @@ class _BlockTables:
 
 
 class FlexMemoryBackend:
-    """The attention backend interface (trainer/attention.py) with compiled FlexAttention's memory."""
+    """The attention backend interface (trainer/model/attention.py) with compiled FlexAttention's memory."""
 
     name = "flex (memory stand-in)"
 
@@ -105,8 +105,8 @@ class FlexMemoryBackend:
 
 def synthetic_micro_batch(cfg, seed: int = 0) -> dict:
     """A micro-batch of the shapes the stream produces for cfg (random latents; the recipe's draws)."""
-    from trainer.batch import CleanBatch
-    from trainer.recipe import EmptyText, draw_micro_batch
+    from trainer.recipe.batch import CleanBatch
+    from trainer.recipe.draws import EmptyText, draw_micro_batch
 
     m, d, b = cfg.model, cfg.data, cfg.train.batch_size
     f, n, views, text = d.frames, d.actions_per_frame, len(d.cameras), d.text_length
@@ -128,7 +128,7 @@ def micro_steps(grad_accum: int) -> list[int]:
 
 
 def make_optimizer(model, cfg, fused: bool):
-    """AdamW over the trained parameters, as trainer.train.build makes it."""
+    """AdamW over the trained parameters, as trainer.loop.train.build makes it."""
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.train.lr,
@@ -141,7 +141,7 @@ def make_optimizer(model, cfg, fused: bool):
 
 def tracked_step(model, optimizer, cfg, batch: dict, tracker, steps: list[int]) -> None:
     """The micro-steps `steps` of one optimizer step and the AdamW step, inside `tracker`."""
-    from trainer.parallel import prepare_micro_step
+    from trainer.model.parallel import prepare_micro_step
 
     with tracker:
         for i, micro in enumerate(steps):
@@ -177,7 +177,7 @@ def _trace_once(cfg, world_size: int, target: str) -> dict[str, int]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from trainer.model import WorldModel
-    from trainer.parallel import shard_model
+    from trainer.model.parallel import shard_model
 
     owns_group = not dist.is_initialized()
     if owns_group:

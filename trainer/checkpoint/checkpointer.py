@@ -10,10 +10,10 @@ Layout under RUN_DIR/checkpoints/:
         model.safetensors           optional consolidated weights for evaluation
         COMPLETE                    JSON {step, files: {name: size}, sha256: {name: hex}, finite}, last
     best -> checkpoint_step_N       a relative symlink to the best checkpoint by checkpoint.best_by (kept
-                                    out of pruning: trainer/best_checkpoint.py); not a checkpoint itself
+                                    out of pruning: trainer/checkpoint/best.py); not a checkpoint itself
     checkpoint_step_N.tmp-<id>/     a save in progress, or one killed mid-write: never loaded
     checkpoint_step_N.damaged-<t>/  files no longer match COMPLETE: moved aside, never deleted
-(what counts as which: trainer/checkpoint_layout.py)
+(what counts as which: trainer/checkpoint/layout.py)
 
 A save writes everything into the .tmp directory, all ranks meet at a barrier, then rank 0 writes
 COMPLETE into it and renames it into place (atomic on POSIX). So kill -9 at any moment leaves the
@@ -49,7 +49,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from provision.atomic import fsync_dir
-from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout is part of this contract)
+from trainer.checkpoint.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
+from trainer.checkpoint.layout import (  # noqa: F401 (re-exported: the layout is part of this contract)
     _DAMAGED,
     _FINAL,
     MARKER,
@@ -65,8 +66,7 @@ from trainer.checkpoint_layout import (  # noqa: F401 (re-exported: the layout i
     scan,
 )
 from trainer.config import CheckpointConfig, ModelConfig, RunConfig
-from trainer.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
-from trainer.divergence import FINITE_KEY, first_nonfinite
+from trainer.loop.divergence import FINITE_KEY, first_nonfinite
 
 
 class CheckpointError(RuntimeError):
@@ -156,7 +156,7 @@ class Checkpointer:
         self.last_committed: CheckpointInfo | None = None
         self._pending: _Pending | None = None
         self.estimate: int | None = None  # bytes of one checkpoint (for the out-of-space message)
-        # rank 0, before pruning: the steps to keep out of `keep` pruning (trainer/best_checkpoint.py)
+        # rank 0, before pruning: the steps to keep out of `keep` pruning (trainer/checkpoint/best.py)
         self.pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
         self._async_group = None
 

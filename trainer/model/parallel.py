@@ -73,7 +73,7 @@ def build_model(cfg, device: torch.device) -> nn.Module:
     reference skips them) for the log.
     """
     from trainer.model import WorldModel, apply_pretrained_config, load_sharded
-    from trainer.recipe import check_recipe
+    from trainer.recipe.draws import check_recipe
 
     check_recipe(cfg.recipe)
     folder = apply_pretrained_config(cfg)

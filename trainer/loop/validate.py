@@ -5,10 +5,10 @@
 
 What is scored: every held-out episode (trainer/data/split.py, data.val_episodes) cut into
 non-overlapping clips of data.frames latent frames from frame 0 (BatchStream.val_clips), one clip per
-forward (B = 1), with the training loss (trainer/model WorldModel.forward: trainer/losses.py, weighted by
+forward (B = 1), with the training loss (WorldModel.forward: trainer/recipe/losses.py, weighted by
 the recipe's loss weights), averaged over clips.
 
-Fixed draws: each clip's recipe draws (trainer/recipe.py draw_micro_batch: flow levels, noise, chunk and
+Fixed draws: each clip's recipe draws (trainer/recipe/draws.py draw_micro_batch: flow levels, noise, chunk and
 window) come from a generator seeded by (VAL_SEED, the episode's split key, the clip's first frame),
 never by train.seed, the step or the rank, and never from a global RNG. So the same checkpoint scores the
 same on every run, every rank count and every evaluation, and scores of different checkpoints differ only
@@ -35,9 +35,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from trainer.batch import CleanBatch
 from trainer.data.split import split_key
-from trainer.recipe import EmptyText, draw_micro_batch
+from trainer.recipe.batch import CleanBatch
+from trainer.recipe.draws import EmptyText, draw_micro_batch
 
 VAL_SEED = 0x7A11D  # fixed: never train.seed, so different runs score on the same draws
 

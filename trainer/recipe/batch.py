@@ -1,9 +1,9 @@
 """The micro-batch contract between the data stream (trainer/data/stream.py) and the model (trainer/model/).
 
 One micro-batch is a dict of tensors. The stream builds the *clean* part (`CleanBatch`) from the cache,
-then makes every random draw of the training recipe with ONE call, owned by trainer/recipe.py:
+then makes every random draw of the training recipe with ONE call, owned by trainer/recipe/draws.py:
 
-    from trainer.recipe import EmptyText, draw_micro_batch
+    from trainer.recipe.draws import EmptyText, draw_micro_batch
 
     empty = EmptyText(emb=empty_emb, mask=empty_mask)          # the empty prompt's T5 embedding, [L, D] / [L]
     g = _seeded(seed, step, micro, rank)                       # a fresh torch.Generator per micro-batch
@@ -36,7 +36,7 @@ Clean part, made by the stream
   text_mask    bool    [B, L]           True on real prompt tokens (used only with model.text_mask=true;
                                         the reference attends the zero padding too).
 
-Random draws, made by trainer.recipe.draw_micro_batch (never by the stream itself)
+Random draws, made by trainer.recipe.draws.draw_micro_batch (never by the stream itself)
   latent_sigma    float32 [B, F]        flow level of each video frame; one per frame index per batch
                                         (rows equal), shifted by recipe.video_shift, on the reference's
                                         1000-step grid.
@@ -115,7 +115,7 @@ def action_slot_mask(action_dim: int, used: int) -> torch.Tensor:
 
 def _expect(batch: dict, key: str, shape: tuple[int | None, ...]) -> torch.Tensor:
     if key not in batch:
-        raise BatchError(f"micro-batch: missing key {key!r} (see trainer/batch.py for the contract)")
+        raise BatchError(f"micro-batch: missing key {key!r} (see trainer/recipe/batch.py for the contract)")
     t = batch[key]
     if not isinstance(t, torch.Tensor) or t.dim() != len(shape):
         got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__

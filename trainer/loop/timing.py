@@ -9,7 +9,7 @@ timeline is resolved into non-overlapping intervals, so the phases plus `idle` a
   post-backward hooks is `grad_comm`, not `backward`; the parameter all-gathers of forward (and of
   backward, for resharded blocks) are `param_comm`, not `forward`/`backward`;
 - time inside the step but in no phase is `idle` (never negative by construction);
-- `eval` (the held-out losses at a checkpoint, trainer/validate.py) is charged whole, its FSDP
+- `eval` (the held-out losses at a checkpoint, trainer/loop/validate.py) is charged whole, its FSDP
   all-gathers included, so its share is the evaluation's cost.
 
 On CUDA every boundary is an event recorded on the current stream (communication: on FSDP's comm

@@ -2,12 +2,12 @@
 the launcher's progress file) and rank 0's summary.json.
 
     obs = Observers(metrics, profiler, utilisation, peak_flops, flops_per_token, attempt)
-    record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.train.loop); also
+    record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.loop.train.loop); also
                                                    # the largest grad_norm and a WARNING on a spike
     summary = final_summary(rig, state, stop, attempt_id, started)   # rank 0, after the last barrier
 
 A write that runs out of space never raises here: it lands in state.failure, and the loop stops every rank
-at its next safe point (trainer/diskspace.py).
+at its next safe point (trainer/checkpoint/diskspace.py).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.attempt import PREEMPTED, Attempt, Progress, Summary, checkpoint_json
-from trainer.best_checkpoint import best_json
-from trainer.checkpoint import scan
-from trainer.diskspace import OutOfSpace, guard
-from trainer.metrics import Metrics, memory_gib
-from trainer.profiling import DeviceUtilisation, ProfilerWindow, throughput
-from trainer.rank import StopRequest
-from trainer.rig import LoopState, Rig, StepOutput
-from trainer.timing import summarize as summarize_timing
+from trainer.checkpoint.best import best_json
+from trainer.checkpoint.checkpointer import scan
+from trainer.checkpoint.diskspace import OutOfSpace, guard
+from trainer.loop.metrics import Metrics, memory_gib
+from trainer.loop.profiling import DeviceUtilisation, ProfilerWindow, throughput
+from trainer.loop.rank import StopRequest
+from trainer.loop.rig import LoopState, Rig, StepOutput
+from trainer.loop.timing import summarize as summarize_timing
 
 
 @dataclass
@@ -62,7 +62,7 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
     peak = state.spikes.peak()
     peak_text = f"max grad_norm {peak['value']:.4g} at step {peak['step']}" if peak else ""
     validated = state.validation is not None and state.validation.step == state.step
-    if validated:  # held-out losses measured at this step's checkpoint (trainer/validate.py)
+    if validated:  # held-out losses measured at this step's checkpoint (trainer/loop/validate.py)
         values.update(state.validation.metrics())
     obs.metrics.log_step(state.step, values, timing, peak=peak_text)
     if validated:

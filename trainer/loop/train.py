@@ -1,24 +1,24 @@
 """One rank of a training run, as torchrun runs it: build / train_step / loop. Read it top to bottom.
 
     bin/train furniture_train 2          # the normal way in (trainer/launcher/); it starts, per rank:
-    python -m trainer.train --run-dir RUN_DIR --attempt-dir RUN_DIR/attempts/<id>
+    python -m trainer.loop.train --run-dir RUN_DIR --attempt-dir RUN_DIR/attempts/<id>
 
 The rank loads the config the launcher resolved and checked (RUN_DIR/attempts/<id>/config.json) and
 nothing else. The boundary is torchtitan's:
-    build()       model (trainer.parallel.build_model), optimizer, LR schedule, data stream, Checkpointer,
+    build()       model (model/parallel.py build_model), optimizer, LR schedule, data stream, Checkpointer,
                   and the resume from the latest complete checkpoint
     train_step()  grad_accum micro-batches (gradient sync on the last only, or on every one), clip, AdamW,
                   LR warm-up: one optimizer step, timed by phase (bench/ drives this same function)
     loop()        after each step one all_reduce averages the losses across ranks and agrees on whether any
                   rank was asked to stop (SIGTERM/SIGUSR1, or the attempt's stop request); the
-                  Checkpointer (trainer/checkpoint.py, the one owner of the checkpoint policy) decides
+                  Checkpointer (checkpoint/checkpointer.py, the one owner of the checkpoint policy) decides
                   when to save (checkpoint.every, the last step, a stop) and agrees on a stop that
                   arrived during the save; then the step is logged; before each save but a
-                  preemption's, the held-out losses (trainer/validate.py), which the checkpoint records
-                  and checkpoint.best_by ranks (trainer/best_checkpoint.py)
+                  preemption's, the held-out losses (trainer/loop/validate.py), which the checkpoint records
+                  and checkpoint.best_by ranks (trainer/checkpoint/best.py)
 Batches are a pure function of (seed, step, micro-step, rank), so the step number is the whole data
-position. The records passed between these stages are in trainer/rig.py; what a rank reports (metrics,
-progress, rank 0's summary) is trainer/observe.py; what the launcher reads back is written through
+position. The records passed between these stages are in trainer/loop/rig.py; what a rank reports (metrics,
+progress, rank 0's summary) is trainer/loop/observe.py; what the launcher reads back is written through
 trainer/attempt.py (rank records, progress, RUN_DIR/summary.json).
 """
 
@@ -51,19 +51,17 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
-from trainer.best_checkpoint import BestPin
-from trainer.checkpoint import Checkpointer, NonFiniteState, PeerStopped, scan
-from trainer.checkpoint_size import ModelSize, estimate_bytes
+from trainer.checkpoint.best import BestPin
+from trainer.checkpoint.checkpointer import Checkpointer, NonFiniteState, PeerStopped, scan
+from trainer.checkpoint.diskspace import find_out_of_space, guard
+from trainer.checkpoint.size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
-from trainer.diskspace import find_out_of_space, guard
-from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
-from trainer.metrics import Metrics
-from trainer.observe import Observers, final_summary, held_out_lines, record_step
-from trainer.outcomes import Diverged
-from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
-from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
-from trainer.rank import (
+from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
+from trainer.loop.metrics import Metrics
+from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step
+from trainer.loop.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
+from trainer.loop.rank import (
     StopRequest,
     agree_on_failure,
     init_distributed,
@@ -73,9 +71,11 @@ from trainer.rank import (
     record_failure,
     record_quiet_failure,
 )
-from trainer.rig import LoopState, Rig, StepOutput
-from trainer.timing import StepBreakdown, install_comm_timing
-from trainer.validate import evaluate
+from trainer.loop.rig import LoopState, Rig, StepOutput
+from trainer.loop.timing import StepBreakdown, install_comm_timing
+from trainer.loop.validate import evaluate
+from trainer.model.parallel import build_model, clip_grad_norm, prepare_micro_step
+from trainer.outcomes import Diverged
 
 __all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "train_step"]
 
@@ -191,7 +191,7 @@ def train_step(
 def _agree(rig: Rig, stop: StopRequest, state: LoopState, out: StepOutput) -> bool:
     """The step's one collective, before the update: mean losses over micro-batches and ranks, whether any
     rank must stop, whether any rank holds a failed write (then every rank raises here: the next safe
-    point), and which ranks' own losses are non-finite (trainer/divergence.py). Sets state.losses,
+    point), and which ranks' own losses are non-finite (trainer/loop/divergence.py). Sets state.losses,
     .stopping, .action (and .diverged); returns whether the update is applied."""
     flag = torch.tensor(float(stop.local), device=rig.device)
     failed = torch.tensor(float(state.failure is not None), device=rig.device)
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir.absolute()
     attempt_dir = args.attempt_dir or os.environ.get("LINGBOT_ATTEMPT_DIR")
     if not attempt_dir:
-        sys.exit("trainer.train needs --attempt-dir (bin/train writes its config.json there)")
+        sys.exit("trainer.loop.train needs --attempt-dir (bin/train writes its config.json there)")
     attempt = Attempt(Path(attempt_dir))
     cfg = attempt.read_config()
     stop = StopRequest(attempt)

@@ -1,10 +1,10 @@
 """The records one rank's training passes between build, train_step, the loop and its observers.
 
-    Rig         what trainer.train.build returns: model, optimizer, schedule, stream, Checkpointer, timer
-    StepOutput  what trainer.train.train_step returns for one optimizer step
-    LoopState   what trainer.train.loop carries from step to step (and the summary reports)
+    Rig         what trainer.loop.train.build returns: model, optimizer, schedule, stream, Checkpointer, timer
+    StepOutput  what trainer.loop.train.train_step returns for one optimizer step
+    LoopState   what trainer.loop.train.loop carries from step to step (and the summary reports)
 
-Types only: no behaviour, so trainer/train.py (which fills them) and trainer/observe.py (which reports
+Types only: no behaviour, so train.py (which fills them) and observe.py (which reports
 them) both import this module and not each other.
 """
 
@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from trainer.attempt import COMPLETED
-from trainer.checkpoint import Checkpointer, CheckpointInfo
+from trainer.checkpoint.checkpointer import Checkpointer, CheckpointInfo
+from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig
-from trainer.diskspace import OutOfSpace
-from trainer.divergence import APPLY, NonfinitePolicy, SpikeWatch
+from trainer.loop.divergence import APPLY, NonfinitePolicy, SpikeWatch
+from trainer.loop.timing import StepBreakdown
 from trainer.outcomes import Diverged
-from trainer.timing import StepBreakdown
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Rig:
     rank: int
     world_size: int
     device: torch.device
-    model: Any  # the FSDP2-sharded WorldModel from trainer.parallel.build_model
+    model: Any  # the FSDP2-sharded WorldModel from trainer.model.parallel.build_model
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     stream: Any  # trainer.data's stream: micro_batch(step, micro), tokens_per_micro_batch
@@ -62,9 +62,9 @@ class LoopState:
     timings: list[dict[str, float]] = field(default_factory=list)
     failure: OutOfSpace | None = None  # a write on this rank ran out of space: stop at the next safe point
     stopping: bool = False  # every rank agreed to stop after this step (a signal or a stop request)
-    action: str = APPLY  # this step's update: applied, skipped or the run stops (trainer/divergence.py)
+    action: str = APPLY  # this step's update: applied, skipped or the run stops (trainer/loop/divergence.py)
     diverged: Diverged | None = None  # why the run stopped on non-finite values
     policy: NonfinitePolicy = field(default_factory=lambda: NonfinitePolicy("stop", 1))
     spikes: SpikeWatch = field(default_factory=lambda: SpikeWatch(0.0))
     notes: list[str] = field(default_factory=list)  # WARNING lines to log after this step's line
-    validation: Any = None  # the last trainer.validate.Validation (held-out losses), None before one
+    validation: Any = None  # the last trainer.loop.validate.Validation (held-out losses), None before one

@@ -3,7 +3,7 @@ rank and quantity named, the policy `train.nonfinite` applied, loss spikes made 
 that never carry divergence.
 
     slots = local_slots(latent_sum, action_sum, rank, world_size)  # device tensor, no host sync
-    # trainer.train._agree appends the slots to the step's existing all_reduce (no extra collective)
+    # trainer.loop.train._agree appends the slots to the step's existing all_reduce (no extra collective)
     found = blame(step, reduced_slots, losses, grad_norm)   # Diverged | None, the same on every rank
     action = policy.decide(found)                           # APPLY | SKIP | STOP
     warning = spikes.observe(step, grad_norm)               # a WARNING line when grad_norm spikes
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint_layout import MARKER, CheckpointInfo
+from trainer.checkpoint.layout import MARKER, CheckpointInfo
 from trainer.outcomes import Diverged
 
 APPLY, SKIP, STOP = "apply", "skip", "stop"

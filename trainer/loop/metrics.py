@@ -20,9 +20,9 @@ from typing import TextIO
 
 import torch
 
+from trainer.checkpoint.diskspace import OutOfSpace, guard
 from trainer.config import RunConfig
-from trainer.diskspace import OutOfSpace, guard
-from trainer.timing import format_breakdown
+from trainer.loop.timing import format_breakdown
 
 
 def format_duration(seconds: float) -> str:

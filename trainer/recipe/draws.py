@@ -1,6 +1,6 @@
 """The reference training recipe's random draws and its flow-matching schedule (upstream 58c2ae5).
 
-    batch = draw_micro_batch(cfg.recipe, clean, EmptyText(emb, mask), generator)   # see trainer/batch.py
+    batch = draw_micro_batch(cfg.recipe, clean, EmptyText(emb, mask), generator)   # see recipe/batch.py
 
 Everything random about a micro-batch comes from `generator`, consumed in this fixed order:
   1. video timestep ids   rand(F)  (rand(B, F) with sigma_per=sample_frame)
@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from trainer.batch import BatchError, CleanBatch, MicroBatch
+from trainer.recipe.batch import BatchError, CleanBatch, MicroBatch
 
 RECIPE_CHOICES = {
     "loss_weighting": ("reference", "none"),

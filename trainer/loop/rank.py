@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from trainer import testhooks
 from trainer.attempt import FAILED, Attempt, RankStatus
-from trainer.checkpoint import CheckpointError, PeerStopped
+from trainer.checkpoint.checkpointer import CheckpointError, PeerStopped
+from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig
-from trainer.diskspace import OutOfSpace
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -59,7 +59,7 @@ def init_distributed(collective_timeout_s: float | None = None) -> tuple[int, in
     """The process group; `collective_timeout_s` (config hang.collective_timeout_s) bounds every wait in
     a collective (gloo) and is NCCL's watchdog timeout: the backstop behind the launcher's stall detector."""
     if "RANK" not in os.environ:
-        sys.exit("trainer.train is one rank of a torchrun job: run it with bin/train (or torchrun)")
+        sys.exit("trainer.loop.train is one rank of a torchrun job: run it with bin/train (or torchrun)")
     rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     timeout = datetime.timedelta(seconds=collective_timeout_s) if collective_timeout_s else None
     if torch.cuda.is_available():
@@ -119,10 +119,10 @@ def raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
 
 # Failures a rerun repeats until the input is fixed (RankStatus.needs_fix; the launcher's last line says it)
 def needs_fix(exc: BaseException) -> str | None:
-    from trainer.attention import BackendUnavailable
     from trainer.config import ConfigError
     from trainer.data import DatasetError
     from trainer.data.encoder import EncoderError
+    from trainer.model.attention import BackendUnavailable
     from trainer.model.weights import PretrainedError
 
     fixes: list[tuple[type[BaseException], str]] = [

@@ -5,7 +5,7 @@
     best = find_best(complete, "val_action_loss")   # (CheckpointInfo, value) or None; reading only
 
 Each checkpoint's train_state.json carries the held-out losses measured at its step ("validation":
-trainer/validate.py Validation.to_json, None when none was measured). The best is the complete checkpoint
+trainer/loop/validate.py Validation.to_json, None when none was measured). The best is the complete checkpoint
 with the lowest value of checkpoint.best_by (the earliest on a tie); it survives resumes because it is
 recomputed from the checkpoints themselves, and it is never pruned by checkpoint.keep (a run keeps its
 newest `keep` checkpoints plus the best when that is older: at most keep + 1).
@@ -14,8 +14,8 @@ The pointer is a relative symlink `best -> checkpoint_step_N`, replaced atomical
 temporary name, then rename(2) over the old one): a reader sees the old best or the new one, never
 neither, and `RUN_DIR/checkpoints/best/` opens like any checkpoint directory (model.safetensors,
 transformer/ for the simulator), also after the run dir is copied or moved (relative). It is not a
-checkpoint: the layout's patterns (trainer/checkpoint_layout.py) match only checkpoint_step_N*, and
-pruning never follows a symlink (trainer/checkpoint.py). With no measured checkpoint the pointer is
+checkpoint: the layout's patterns (trainer/checkpoint/layout.py) match only checkpoint_step_N*, and
+pruning never follows a symlink (checkpointer.py). With no measured checkpoint the pointer is
 removed rather than left pointing at a pruned directory.
 """
 
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_layout import TRAIN_STATE, CheckpointInfo
+from trainer.checkpoint.layout import TRAIN_STATE, CheckpointInfo
 
 POINTER = "best"
 _METRIC_KEYS = {"val_action_loss": "action_loss", "val_latent_loss": "latent_loss", "val_loss": "loss"}

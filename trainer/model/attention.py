@@ -4,7 +4,7 @@
     mask = backend.build_mask(mask_mod, length, device)   # once per micro-batch, shared by all layers
     out = backend.attend(q, k, v, mask)                   # q, k, v: (batch, heads, length, head_dim)
 
-Both take the same mask_mod (trainer/masks.py). Rows with no allowed key (padding) give zeros in both,
+Both take the same mask_mod (trainer/model/masks.py). Rows with no allowed key (padding) give zeros in both,
 which is what FlexAttention does; sdpa would give NaN there, so it is told to attend everything on
 those rows and the result is zeroed.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainer.masks import dense_mask
+from trainer.model.masks import dense_mask
 
 
 class BackendUnavailable(RuntimeError):

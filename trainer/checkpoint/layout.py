@@ -5,7 +5,7 @@
     checkpoint_step_N.damaged-<time>/  moved aside because its files do not match COMPLETE: never deleted
 
 Reading only (no torch, no process group): the launcher's preflight and the ranks both use it; writing
-is trainer/checkpoint.py. resume_conflicts() is the one check of whether a run may resume from a
+is trainer/checkpoint/checkpointer.py. resume_conflicts() is the one check of whether a run may resume from a
 checkpoint (world size, model, data, seed): the preflight and Checkpointer.resume both call it.
 """
 
@@ -185,7 +185,7 @@ def prune(
     root: Path, keep: int, keep_step: int, pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
 ) -> None:
     """Keep the newest `keep` complete checkpoints, `keep_step`, and the pinned ones (`pin`: the best,
-    trainer/best_checkpoint.py, kept when it is older); drop stale partial ones from dead attempts.
+    trainer/checkpoint/best.py, kept when it is older); drop stale partial ones from dead attempts.
     Symlinks (the `best` pointer) are never followed or removed here."""
     complete, _ = scan(root)
     pinned = pin(complete) if pin is not None else set()

@@ -1,6 +1,6 @@
 """The one table of rules for RunConfig values that can be judged without data or weights.
 
-Every field of RunConfig (trainer/config.py) has an entry, keyed by its dotted name:
+Every field of RunConfig (trainer/config/schema.py) has an entry, keyed by its dotted name:
     Rule(allowed, ok, bad)   ok(value, cfg) says whether the value is allowed; `allowed` is what the error
                              says; `bad` is a --set value that breaks the rule (tests/test_config_rules.py
                              walks every one). ok=None: the field's type alone judges it (a bool).
@@ -8,23 +8,22 @@ Every field of RunConfig (trainer/config.py) has an entry, keyed by its dotted n
                              preflight, when it needs the data or the weights: exit 3)
 
     problems = violations(cfg, sources)    # [one line per broken rule], in field order
-    check(cfg, sources)                    # ConfigError with the first one (RunConfig.validate calls it)
+    check(cfg, sources)                    # ConfigError with the first one (load.py calls it)
 
 The launcher checks a config with this table before anything else (exit 2, nothing written) and a rank
-checks its config.json with the same table (RunConfig.validate): one table, no second copy. The line
+checks its config.json with the same table (trainer.config.check): one table, no second copy. The line
 names where the value came from (`sources`: "--set", the config file, its cpu_scale block), the key, the
 value and what is allowed. A type error (`train.steps=many`) is judged earlier, by the coercion in
-trainer/config.py, with a line of the same shape.
+trainer/config/load.py, with a line of the same shape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from trainer.config import RunConfig
+from trainer.config.schema import ConfigError, RunConfig
 
 # Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
 DATASETS = ("furniture_train",)
@@ -32,12 +31,8 @@ DATASETS = ("furniture_train",)
 CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
 ATTENTION = ("auto", "flex", "sdpa")
 ENCODERS = ("patch_mean", "wan_vae")
-# checkpoint.best_by: the held-out metric (trainer/validate.py) that picks the best checkpoint, or none
+# checkpoint.best_by: the held-out metric (trainer/loop/validate.py) that picks the best checkpoint, or none
 BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file or key and the fix (trainer.config)."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +198,7 @@ RULES: dict[str, Rule | Free] = {
         "[]",
     ),
     "data.action_slots": Rule(
-        "[] (trainer/batch.py ACTION_SLOTS) or distinct channels in 0..model.action_dim-1, at least "
+        "[] (trainer/recipe/batch.py ACTION_SLOTS) or distinct channels in 0..model.action_dim-1, at least "
         "model.action_used of them",
         _slots_ok,
         "[99]",

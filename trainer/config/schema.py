@@ -1,28 +1,19 @@
-"""One config object for a run: dataclasses, loaded from trainer/configs/<name>.yaml, overridden by --set.
+"""The run's config as types: one `RunConfig` of sections (model, data, recipe, train, checkpoint, infer,
+profile, log, hang, plan), each a dataclass whose defaults are the released model's and the reference
+recipe's; and `ConfigError`, the one error a config can raise.
 
-A config file holds the cluster-scale experiment at the top level and, under `cpu_scale:`, the overrides
-used on a machine without a GPU (smaller model, fewer steps). Keys are dotted paths: `train.steps=40`.
+Types only: no file is read here (trainer/config/load.py reads YAML and --set) and no value is judged here
+(trainer/config/rules.py is the one table of rules). Both import these types; this module imports neither.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import yaml
 
-from trainer.config_rules import DATASETS, ConfigError, check
-
-CONFIG_DIR = Path(__file__).parent / "configs"
-__all__ = ["CONFIG_DIR", "DATASETS", "ConfigError", "RunConfig", "load_config", "parse_set", "resolve_config"]
-# Where a value came from, for error lines and for model.pretrained (trainer/model/weights.py): "--set",
-# the config file's path, or the path + CPU_SCALE_MARK for its cpu_scale block (not the user's choice).
-CPU_SCALE_MARK = " (cpu_scale)"
-SET = "--set"
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file or key and the fix."""
 
 
 @dataclass
@@ -59,7 +50,7 @@ class ModelConfig:
 
 @dataclass
 class RecipeConfig:
-    """The reference training recipe (trainer/recipe.py draws it); defaults = upstream 58c2ae5's."""
+    """The reference training recipe (trainer/recipe/draws.py draws it); defaults = upstream 58c2ae5's."""
 
     num_train_timesteps: int = 1000  # wan_va/train.py: FlowMatchScheduler.set_timesteps(1000, training=True)
     video_shift: float = 5.0  # wan_va/configs/va_*_cfg.py snr_shift
@@ -137,7 +128,7 @@ class TrainConfig:
     # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
     # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
     compile: bool = False
-    # A NaN/Inf loss or grad_norm (trainer/divergence.py): stop ends the run at that step (no update, no
+    # A NaN/Inf loss or grad_norm (trainer/loop/divergence.py): stop ends the run at that step (no update, no
     # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and
     # stops the same way after more than nonfinite_max_skips such steps in a row.
     nonfinite: str = "stop"  # stop | skip
@@ -153,7 +144,7 @@ class CheckpointConfig:
     export: str = "none"  # reference: also <checkpoint>/transformer/{config.json, *.safetensors} (bf16)
     async_save: bool = False
     skip_space_check: bool = False  # preflight: do not refuse a run dir too small for keep + 1 checkpoints
-    validate: bool = True  # held-out losses at every checkpoint and the end (trainer/validate.py)
+    validate: bool = True  # held-out losses at every checkpoint and the end (trainer/loop/validate.py)
     best_by: str = "val_action_loss"  # kept out of `keep` pruning, RUN_DIR/checkpoints/best; none = off
 
 
@@ -235,166 +226,3 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-    def validate(self, sources: dict[str, str] | None = None) -> None:
-        """The rules of trainer/config_rules.py (the one table); ConfigError names key, value, allowed."""
-        check(self, sources)
-
-
-def _field_types(cls) -> dict[str, typing.Any]:
-    return typing.get_type_hints(cls)
-
-
-def _coerce(value, annotation, key: str, source: str = ""):
-    """Turn a YAML value or a --set string into the field's type, or raise ConfigError naming the key."""
-    origin = typing.get_origin(annotation)
-    try:
-        if annotation is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in (
-                "true",
-                "1",
-                "yes",
-                "on",
-                "false",
-                "0",
-                "no",
-                "off",
-            ):
-                return value.lower() in ("true", "1", "yes", "on")
-            raise ValueError
-        if annotation is int:
-            if isinstance(value, bool):
-                raise ValueError
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
-            return int(value)
-        if annotation is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if annotation is str:
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
-                raise ValueError
-            return str(value)
-        if origin is list or annotation is list:
-            (item,) = typing.get_args(annotation) or (str,)
-            if isinstance(value, str):
-                value = [v for v in value.strip("[]").split(",") if v.strip()]
-            if not isinstance(value, list):
-                raise ValueError
-            return [_coerce(v.strip() if isinstance(v, str) else v, item, key, source) for v in value]
-        if isinstance(annotation, types.UnionType):
-            raise ValueError
-    except (TypeError, ValueError):
-        pass
-    else:
-        return value
-    name = getattr(annotation, "__name__", str(annotation))
-    kinds = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
-    allowed = kinds.get(name, f"a {name}")
-    where = f"{source}: " if source else ""
-    raise ConfigError(f"{where}bad value {value!r} for {key}: {key} must be {allowed}")
-
-
-def apply_overrides(
-    cfg: RunConfig, overrides: dict, source: str, sources: dict[str, str] | None = None
-) -> None:
-    """Apply {dotted.key: value} to cfg in place; unknown keys and bad values raise ConfigError.
-    `sources` (if given) records `source` for every key set."""
-    for key, value in overrides.items():
-        parts = key.split(".")
-        target = cfg
-        for i, part in enumerate(parts):
-            hints = _field_types(type(target))
-            if part not in hints:
-                known = ", ".join(sorted(hints)) if i else ", ".join(sorted(h for h in hints))
-                raise ConfigError(f"{source}: unknown key {key!r} (known at this level: {known})")
-            if i == len(parts) - 1:
-                if dataclasses.is_dataclass(getattr(target, part)):
-                    raise ConfigError(
-                        f"{source}: {key!r} is a section; set one of its keys, e.g. {key}.<field>"
-                    )
-                setattr(target, part, _coerce(value, hints[part], key, source))
-                if sources is not None:
-                    sources[key] = source
-            else:
-                target = getattr(target, part)
-                if not dataclasses.is_dataclass(target):
-                    raise ConfigError(f"{source}: {'.'.join(parts[: i + 1])!r} is not a section")
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def parse_set(items: list[str]) -> dict:
-    """--set key=value strings to a dict; a malformed item raises ConfigError."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.steps=100")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def config_from_dict(tree: dict[str, Any], source: str) -> RunConfig:
-    """The inverse of RunConfig.to_dict (generic over the dataclass fields): every value is coerced and
-    checked as a YAML value is, unknown keys raise ConfigError naming `source`, then validate()."""
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    tree = dict(tree)
-    name = tree.pop("name", None)
-    cfg = RunConfig(name=str(name) if name is not None else RunConfig().name)
-    sources: dict[str, str] = {}
-    apply_overrides(cfg, _flatten(tree), source, sources)
-    cfg.validate(sources)  # the same table as the launcher's (trainer/config_rules.py)
-    return cfg
-
-
-def available_configs() -> list[str]:
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-
-
-def load_config(name: str, cpu_scale: bool, overrides: dict | None = None) -> RunConfig:
-    """Load trainer/configs/<name>.yaml; apply its cpu_scale block when asked, then the overrides."""
-    return resolve_config(name, cpu_scale, overrides)[0]
-
-
-def resolve_config(
-    name: str, cpu_scale: bool, overrides: dict | None = None
-) -> tuple[RunConfig, dict[str, str]]:
-    """load_config, plus where each value that is not a default came from ({dotted key: source})."""
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown config {name!r}: no {path} (available: {', '.join(available_configs())})")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    cpu_block = tree.pop("cpu_scale", {}) or {}
-    cfg, sources = RunConfig(name=name), dict[str, str]()
-    apply_overrides(cfg, _flatten(tree), str(path), sources)
-    if cpu_scale:
-        apply_overrides(cfg, _flatten(cpu_block), f"{path}{CPU_SCALE_MARK}", sources)
-    if overrides:
-        apply_overrides(cfg, overrides, SET, sources)
-    cfg.validate(sources)
-    return cfg, sources
-
-
-def user_set(source: str | None) -> bool:
-    """Whether a value's source is the user's own choice: --set or the config file, not its cpu_scale
-    block (the CPU variant's stand-in sizes) and not a default."""
-    return source is not None and not source.endswith(CPU_SCALE_MARK)

@@ -1,6 +1,6 @@
 """How big one checkpoint is, before any is written: what the preflight's disk-space check compares.
 
-A checkpoint (trainer/checkpoint.py) holds fp32 weights of every parameter and AdamW's two fp32 moments
+A checkpoint (checkpointer.py) holds fp32 weights of every parameter and AdamW's two fp32 moments
 of every trained one (FSDP2 keeps sharded parameters in fp32 under bf16 mixed precision; the bf16 copies
 are compute-only; frozen tensors, such as the released-but-never-called action text embedder, have no
 optimizer state), one step counter per trained tensor, DCP's .metadata (one entry per tensor chunk and

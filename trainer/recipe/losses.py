@@ -3,7 +3,7 @@
     x_s = (1 - s) x + s e        s in [0, 1] per frame, e ~ N(0, I)
     target = e - x               the velocity the model predicts
 Losses (the reference's compute_loss in wan_va/train.py): squared error weighted per (sample, frame) by the
-schedule's training weight (trainer/recipe.py), summed per frame, divided by the frame's element count
+schedule's training weight (trainer/recipe/draws.py), summed per frame, divided by the frame's element count
 (actions: used channels only), averaged over (sample, frame).
 """
 
