@@ -30,8 +30,9 @@ def _worker(out_dir: Path, repeats: int, inner: int) -> None:
     import torch.distributed as dist
 
     from trainer.checkpoint.checkpointer import Checkpointer
+    from trainer.checkpoint.finite import first_nonfinite
     from trainer.config import CheckpointConfig
-    from trainer.loop.divergence import NonfinitePolicy, blame, first_nonfinite, local_slots
+    from trainer.loop.divergence import NonfinitePolicy, blame, local_slots
 
     rank, world, device = init_distributed()
     cfg = bench_config()

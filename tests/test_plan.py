@@ -170,10 +170,10 @@ def test_a_plan_leaves_no_fake_tensor_behind_for_a_real_step_in_the_same_process
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from trainer.recipe import draws as recipe
     from trainer.model import WorldModel
     from trainer.model.attention import SdpaBackend
     from trainer.plan.memory import synthetic_micro_batch, traced_peak
+    from trainer.recipe import draws as recipe
 
     cfg = tiny()
     recipe._real_tables.cache_clear()

@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from provision.atomic import fsync_dir
 from trainer.checkpoint.diskspace import OutOfSpace, find_out_of_space, guard, short_of_room
+from trainer.checkpoint.finite import FINITE_KEY, first_nonfinite
 from trainer.checkpoint.layout import (  # noqa: F401 (re-exported: the layout is part of this contract)
     _DAMAGED,
     _FINAL,
@@ -66,7 +67,6 @@ from trainer.checkpoint.layout import (  # noqa: F401 (re-exported: the layout i
     scan,
 )
 from trainer.config import CheckpointConfig, ModelConfig, RunConfig
-from trainer.loop.divergence import FINITE_KEY, first_nonfinite
 
 
 class CheckpointError(RuntimeError):

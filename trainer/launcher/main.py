@@ -51,6 +51,7 @@ from trainer.attempt import (
     summary_path,
 )
 from trainer.checkpoint.checkpointer import resume_conflicts, scan
+from trainer.checkpoint.finite import nonfinite_in_checkpoint
 from trainer.checkpoint.layout import quarantine_damaged
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
 from trainer.launcher import early, nodes, stall, supervise
@@ -74,7 +75,6 @@ from trainer.launcher.summaries import (
     write_final_summary,
     write_running_summary,
 )
-from trainer.loop.divergence import nonfinite_in_checkpoint
 from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10

@@ -7,19 +7,17 @@ that never carry divergence.
     found = blame(step, reduced_slots, losses, grad_norm)   # Diverged | None, the same on every rank
     action = policy.decide(found)                           # APPLY | SKIP | STOP
     warning = spikes.observe(step, grad_norm)               # a WARNING line when grad_norm spikes
-    first_nonfinite(model, optimizer)                       # this rank's own shard: a save refuses
-    nonfinite_in_checkpoint(info)                           # the launcher's preflight before a resume
 
 Blame: each rank sets a slot per own quantity (its latent and action loss summed over its micro-batches);
 after the sum every rank sees which ranks' own values were non-finite. The reported rank is the lowest
 such rank; a rank whose own losses are finite is never blamed (the reduced loss is non-finite on every
 rank as soon as one is). A non-finite grad_norm with every loss finite is blamed on no single rank: the
-norm is reduced over shards that the reduce-scatter has already mixed.
+norm is reduced over shards that the reduce-scatter has already mixed. That no checkpoint carries a
+non-finite value is trainer/checkpoint/finite.py's (a save refuses; a resume checks).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import deque
@@ -27,12 +25,10 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.layout import MARKER, CheckpointInfo
 from trainer.outcomes import Diverged
 
 APPLY, SKIP, STOP = "apply", "skip", "stop"
 QUANTITIES = ("latent_loss", "action_loss")  # per-rank slots, in this order
-FINITE_KEY = "finite"  # COMPLETE marker key: this version checked every tensor before the save
 
 
 def local_slots(
@@ -114,55 +110,3 @@ class SpikeWatch:
 
     def peak(self) -> dict[str, Any] | None:
         return {"value": self.max_value, "step": self.max_step} if self.max_value is not None else None
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def first_nonfinite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """The first parameter or optimizer moment whose shard on this rank holds a non-finite value; None
-    when all are finite. One device->host sync for the whole check."""
-    named = [(name, p) for name, p in model.named_parameters()]
-    names = {id(p): name for name, p in named}
-    tensors = [(name, _local(p.detach())) for name, p in named]
-    for param, state in optimizer.state.items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0:
-                tensors.append((f"optimizer {key} of {names.get(id(param), '?')}", _local(value)))
-    tensors = [(n, t) for n, t in tensors if t.numel() > 0]
-    if not tensors:
-        return None
-    finite = torch.stack([torch.isfinite(t).all() for _, t in tensors])
-    if bool(finite.all()):
-        return None
-    return tensors[int((~finite).nonzero()[0])][0]
-
-
-def nonfinite_in_checkpoint(info: CheckpointInfo, batch_bytes: int = 1 << 30) -> str | None:
-    """A tensor of checkpoint `info` holding NaN/Inf (its DCP key and the value), or None. A checkpoint
-    whose COMPLETE marker says `finite` was checked tensor by tensor before it was written and is not
-    read again; any other (an older version's, one made by hand) is read, `batch_bytes` at a time."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    marker = json.loads((info.path / MARKER).read_text())
-    if marker.get(FINITE_KEY) is True:
-        return None
-    metadata = dcp.FileSystemReader(str(info.path)).read_metadata()
-    batch: dict[str, torch.Tensor] = {}
-    size = 0
-    items = [(k, m) for k, m in metadata.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)]
-    for index, (key, meta) in enumerate(items):
-        dtype = meta.properties.dtype
-        if dtype.is_floating_point:
-            batch[key] = torch.empty(meta.size, dtype=dtype)
-            size += batch[key].numel() * batch[key].element_size()
-        if batch and (size >= batch_bytes or index == len(items) - 1):
-            dcp.load(batch, checkpoint_id=str(info.path), no_dist=True)
-            for name, tensor in batch.items():
-                bad = tensor[~torch.isfinite(tensor)]
-                if bad.numel():
-                    return f"{name} ({bad.numel()} non-finite values, e.g. {_word(float(bad[0]))})"
-            batch, size = {}, 0
-    return None
