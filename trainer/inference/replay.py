@@ -49,7 +49,10 @@ class PolicyClient:
             close_timeout=10,
             open_timeout=open_timeout,
         )
-        self.metadata = unpack(self.ws.recv())
+        first = self.ws.recv()
+        if isinstance(first, str):
+            raise ServerError(f"Error in inference server:\n{first}")
+        self.metadata = unpack(first)
 
     def infer(self, obs: dict) -> dict:
         self.ws.send(pack(obs))
@@ -75,7 +78,7 @@ class ReplayEpisode:
 
 
 def replay_episodes(cfg, names: list[str]) -> list[ReplayEpisode]:
-    """The named episodes (as trainer/inference/data.py names them) read from the run's FurnitureBench data."""
+    """The named episodes (named as trainer/inference/data.py does), from the run's FurnitureBench data."""
     from trainer.data.furniturebench import DatasetError, read_episode
     from trainer.data.prepare import data_root
     from trainer.data.sources import discover_source

@@ -77,7 +77,7 @@ class PolicyServer:
             self.say(f"serve: refused {peer}: missing or wrong Authorization: Api-Key header")
             return connection.respond(
                 http.HTTPStatus.UNAUTHORIZED,
-                "refused: missing or wrong 'Authorization: Api-Key <key>' header (bin/serve --api-key-file)\n",
+                "refused: missing or wrong 'Authorization: Api-Key <key>' header (--api-key-file)\n",
             )
         if self.open >= self.limits.max_connections:
             reason = f"refused: {self.open} connections open, the limit (bin/serve --max-connections)"
@@ -101,8 +101,9 @@ class PolicyServer:
             pass
         finally:
             self.open -= 1
-            rcvd = ws.close_rcvd or ws.close_sent
-            why = f"{rcvd.code} {rcvd.reason}".strip() if rcvd is not None else "dropped"
+            why = (
+                f"{ws.close_code} {ws.close_reason or ''}".strip() if ws.close_code is not None else "dropped"
+            )
             self.say(f"serve: connection {cid} closed ({why}); {self.open} open")
 
     async def _requests(self, ws: ServerConnection, cid: int, session: Session) -> None:
@@ -138,8 +139,13 @@ class PolicyServer:
     async def run(self, host: str, port: int, ready: Callable[[int], None] | None = None) -> int:
         loop = asyncio.get_running_loop()
         stop = loop.create_future()
+
+        def on_signal(sig: int) -> None:
+            if not stop.done():
+                stop.set_result(sig)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda s=sig: stop.done() or stop.set_result(s))
+            loop.add_signal_handler(sig, on_signal, sig)
         async with serve(
             self.handler,
             host,
@@ -165,6 +171,7 @@ class PolicyServer:
 def _run(session: Session, request: Message) -> tuple[dict, str, float]:
     """On the worker thread: one request -> (reply map, its kind, seconds it took)."""
     start = time.perf_counter()
+    reply: dict
     if isinstance(request, Reset):
         session.reset(request.prompt)
         reply, kind = {}, "reset"
