@@ -318,4 +318,5 @@ def test_sigterm_stops_it_with_exit_0_and_nothing_left(server):
     with pytest.raises(OSError):
         PolicyClient(server.uri, KEY, open_timeout=5)
     assert any("SIGTERM: stopping" in line for line in server.lines)
+    assert not [line for line in server.lines if "Warning" in line], "\n".join(server.lines)  # issue 30
     client.close()

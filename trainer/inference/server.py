@@ -136,16 +136,25 @@ class PolicyServer:
             )
 
     # -- the process ---------------------------------------------------------------------------------
-    async def run(self, host: str, port: int, ready: Callable[[int], None] | None = None) -> int:
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop as SIGTERM does, from any thread (a server run off the main thread: the benchmark)."""
+        loop, on_signal = self._stop
+        loop.call_soon_threadsafe(on_signal, int(sig))
+
+    async def run(
+        self, host: str, port: int, ready: Callable[[int], None] | None = None, signals: bool = True
+    ) -> int:
         loop = asyncio.get_running_loop()
-        stop = loop.create_future()
+        stop: asyncio.Future[int] = loop.create_future()
 
         def on_signal(sig: int) -> None:
             if not stop.done():
                 stop.set_result(sig)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal, sig)
+        self._stop = (loop, on_signal)
+
+        for each in (signal.SIGINT, signal.SIGTERM) if signals else ():
+            loop.add_signal_handler(each, on_signal, int(each))
         async with serve(
             self.handler,
             host,

@@ -64,7 +64,8 @@ class Served:
         """Frames -> latents [len(frames), C, H, views*W], standardised as training's stand-in latents."""
         per_frame = []
         for frame in frames:
-            views = [self.video.encode(frame[cam][None])[:1] for cam in self.spec.cameras]
+            # a copy: a decoded array is a read-only view of the frame's bytes (torch warns on those)
+            views = [self.video.encode(np.array(frame[cam][None]))[:1] for cam in self.spec.cameras]
             per_frame.append(np.concatenate(views, axis=-1))
         x = np.concatenate(per_frame).astype(np.float32)
         if self.latent_stats is not None:
