@@ -112,6 +112,11 @@ def default_plots_dir(target: str) -> Path:
 
 def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
     """One PNG per episode (trainer/inference/plots.py); {episode: path}."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # e.g. the provisioned env, until it carries it
+        _say("evaluate: no plots: matplotlib is not installed in this Python (pyproject.toml pins it)")
+        return {}
     from trainer.inference.plots import plot_episode
 
     return {name: str(plot_episode(Path(directory), name, trace, channels)) for name, trace in traces.items()}

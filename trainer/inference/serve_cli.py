@@ -115,6 +115,8 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
 def main(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
          device) -> None:  # fmt: skip
     """Serve TARGET's actions over LingBot-VA's websocket policy protocol (requests run one at a time)."""
+    import importlib.util
+
     import torch
 
     from trainer.config import ConfigError
@@ -122,6 +124,12 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
     from trainer.data.furniturebench import DatasetError
     from trainer.inference.load import TargetError
 
+    missing = [m for m in ("websockets", "msgpack") if importlib.util.find_spec(m) is None]
+    if missing:  # the provisioned env does not carry them yet; the tool env (pyproject.toml) does
+        _say(
+            f"serve: {', '.join(missing)} not installed in {sys.executable}; run bin/serve with the tool env"
+        )
+        sys.exit(EXIT_USAGE)
     signal.signal(signal.SIGTERM, _stop_while_loading)
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
     try:
