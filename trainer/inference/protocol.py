@@ -21,7 +21,6 @@ field and what was expected; the state's frame count is checked against the sess
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,7 +218,3 @@ def state_rows(state: np.ndarray) -> np.ndarray:
     """(C, F, N) -> [F*N, C], the inverse of action_layout."""
     c = state.shape[0]
     return np.ascontiguousarray(state.transpose(1, 2, 0).reshape(-1, c))
-
-
-def cameras_of(names: Sequence[str]) -> tuple[str, ...]:
-    return tuple(str(n) for n in names)

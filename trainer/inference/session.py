@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from trainer.inference.evaluate import _seeded
-from trainer.inference.protocol import Frame, ProtocolError, Spec, action_layout, state_rows
+from trainer.inference.protocol import Frame, ProtocolError, Spec, action_layout, check_state, state_rows
 from trainer.inference.sampler import ChunkSampler, to_robot_units
 
 ACTION_CLIP = 1.5  # trainer/data/stream.py's, when the config has no recipe.action_clip
@@ -169,8 +169,6 @@ class Session:
 
     @torch.no_grad()
     def executed(self, frames: list[Frame], state: np.ndarray) -> None:
-        from trainer.inference.protocol import check_state
-
         sampler, s = self._sampler(), self.served
         if not self.pending:
             raise ProtocolError("compute_kv_cache", "no chunk to update: send an observation first")
