@@ -114,7 +114,11 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 def main(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
          device) -> None:  # fmt: skip
-    """Serve TARGET's actions over LingBot-VA's websocket policy protocol (requests run one at a time)."""
+    """Serve TARGET's actions over LingBot-VA's websocket policy protocol.
+
+    One session per connection; the model's requests run one at a time. Binds 127.0.0.1 unless --host
+    says otherwise; GET /healthz answers OK. SIGINT / SIGTERM: exit 0. Clients: docs/evaluation.md.
+    """
     import importlib.util
 
     import torch
@@ -139,7 +143,7 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
         _say("serve: stopped while loading")
         code = EXIT_OK
     except (TargetError, ConfigError, DatasetError, EncoderError, click.BadParameter) as exc:
-        message = exc.format_message() if isinstance(exc, click.BadParameter) else str(exc)
+        message = exc.message if isinstance(exc, click.BadParameter) else str(exc)
         _say(f"serve: {message}")
         code = EXIT_USAGE
     except OSError as exc:
