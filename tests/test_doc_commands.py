@@ -35,6 +35,7 @@ BIN_MODULE = {
     "provision": "provision.cli",
     "envcheck": "provision.check",
     "evaluate": "trainer.inference.cli",
+    "serve": "trainer.inference.serve_cli",
 }
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9-]*")
 FENCE = re.compile(r"^```(\w*)\s*$")

@@ -140,7 +140,7 @@ def test_the_cycle_check_sees_type_only_imports_and_package_inits():
     assert find_cycles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a"]
     tree = REPO / "trainer" / "config" / "rules.py"
     assert "trainer.config.schema" in _imports(tree, "trainer.config.rules", set(modules()))
-    # trainer.loop.train imports trainer.checkpoint.checkpointer: the package trainer.checkpoint runs too
+    # trainer.loop.train imports trainer.checkpoint.checkpointer: trainer/checkpoint/__init__.py runs too
     graph = import_graph()
     assert {"trainer.checkpoint", "trainer.checkpoint.checkpointer"} <= graph["trainer.loop.train"]
 

@@ -104,6 +104,8 @@ class BatchStream:
         frames = cfg.data.frames
 
         train = self._split(len(latents), names, held_out)
+        # (mean, std) per channel of the stand-in's standardisation, for encoding new frames (bin/serve)
+        self.latent_stats: tuple[np.ndarray, np.ndarray] | None = None
         if normalised:  # VAE latents, normalised by the VAE's own statistics (as the reference)
             self.latents = [torch.from_numpy(np.ascontiguousarray(x)) for x in latents]
         else:  # stand-in latents: per-channel standardisation by the training episodes' statistics
@@ -111,6 +113,7 @@ class BatchStream:
             mean = stacked.mean(axis=(0, 2, 3), keepdims=True)[0]
             std = stacked.std(axis=(0, 2, 3), keepdims=True)[0] + 1e-6
             self.latents = [torch.from_numpy((x.astype(np.float32) - mean) / std) for x in latents]
+            self.latent_stats = (mean, std)
         # data.normalize fit: quantiles of the training episodes; else the dataset's own (build_stream)
         self.normalizer = normalizer or QuantileNormalizer.fit(np.concatenate([actions[e] for e in train]))
         adim, used = cfg.model.action_dim, cfg.model.action_used

@@ -1,7 +1,8 @@
 """bin/evaluate: open-loop evaluation of a checkpoint on held-out demonstrations (trainer/inference/).
 
     bin/evaluate TARGET [--episodes NAME,NAME|all] [--config NAME] [--cpu-scale|--full-scale]
-                        [--set infer.video_steps=2 ...] [--seed N] [--device auto|cpu|cuda] [--json]
+                        [--set infer.video_steps=2 ...] [--seed N] [--device auto|cpu|cuda]
+                        [--plots-dir DIR] [--json]
 
 TARGET: a RUN_DIR (its newest complete checkpoint), a checkpoint directory, or a reference-layout folder
 (the released lingbot-va-base, or a checkpoint's transformer/ export) evaluated with --config's data
@@ -10,6 +11,10 @@ TARGET: a RUN_DIR (its newest complete checkpoint), a checkpoint directory, or a
 episode is evaluated and a banner says that training episodes are included. The model runs unsharded on
 one process (fp32 on CPU, bf16 on a GPU). --set overrides apply to the evaluated config (infer.* chooses
 the sampler: steps, shifts, guidance, chunk size, cache).
+
+Per evaluated episode, one PNG of predicted vs recorded actions per channel, chunk starts marked
+(trainer/inference/plots.py), under --plots-dir (default RUN_DIR/evaluation/<checkpoint>); each is named
+in a line `evaluate: plot <episode>: <path>` and in the JSON result's `plots` {episode: path}.
 
 Exit codes (trainer/attempt.py): 0 done; 2 bad command line, TARGET or config (one line naming the file);
 1 the evaluation itself failed. --json / --json-file: one JSON object, the result (provision/jsonout.py).
@@ -20,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import click
 
@@ -53,12 +59,12 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
     return list(held), f"evaluate: {len(held)} held-out episode(s) of {len(names)} (data.val_episodes={val})"
 
 
-def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
+def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None) -> dict:
     import torch
 
     from trainer.config import check_config, load_config, parse_set
     from trainer.inference.data import load_episodes, make_sampler
-    from trainer.inference.evaluate import evaluate_open_loop
+    from trainer.inference.evaluate import channel_names, evaluate_open_loop
     from trainer.inference.load import load_model, pick_device
 
     base = load_config(config, cpu_scale, parse_set(list(sets)))
@@ -76,8 +82,12 @@ def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
     _say(banner)
     sampler = make_sampler(model, cfg, data)
     start = time.perf_counter()
-    result = evaluate_open_loop(sampler, data.select(chosen), data.slots, data.normalizer, seed=seed)
+    traces: dict = {}
+    result = evaluate_open_loop(
+        sampler, data.select(chosen), data.slots, data.normalizer, seed=seed, traces=traces
+    )
     result.update(target=what, infer=cfg.to_dict()["infer"], seed=seed, seconds=time.perf_counter() - start)
+    result["plots"] = write_plots(traces, plots_dir or default_plots_dir(target), channel_names(data.slots))
     o = result["overall"]
     _say(
         f"evaluate: {result['episodes']} episode(s), {o['chunks']} chunks, {o['frames']} predicted frames: "
@@ -85,7 +95,31 @@ def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
     )
     for group, v in o.get("groups", {}).items():
         _say(f"evaluate:   {group:<9} MAE {v['mae_norm']:.4f} normalised, {v['mae_robot']:.5f} robot units")
+    for name, path in result["plots"].items():
+        _say(f"evaluate: plot {name}: {path}")
     return result
+
+
+def default_plots_dir(target: str) -> Path:
+    """RUN_DIR/evaluation/<checkpoint> for a run or checkpoint; ./evaluation/<folder> otherwise."""
+    from trainer.inference.load import resolve_target
+
+    kind, path = resolve_target(target)
+    if kind == "checkpoint":
+        return path.resolve().parent.parent / "evaluation" / path.resolve().name
+    return Path("evaluation") / Path(target).resolve().name
+
+
+def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
+    """One PNG per episode (trainer/inference/plots.py); {episode: path}."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # e.g. the provisioned env, until it carries it
+        _say("evaluate: no plots: matplotlib is not installed in this Python (pyproject.toml pins it)")
+        return {}
+    from trainer.inference.plots import plot_episode
+
+    return {name: str(plot_episode(Path(directory), name, trace, channels)) for name, trace in traces.items()}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,9 +132,14 @@ def run(target, episodes, config, cpu_scale, sets, seed, device) -> dict:
 @click.option("--set", "sets", multiple=True, help="key=value override, e.g. infer.video_steps=2")
 @click.option("--seed", default=0, show_default=True, help="noise seed (per episode and chunk)")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@click.option(
+    "--plots-dir",
+    default=None,
+    help="where the per-episode PNGs go (default: RUN_DIR/evaluation/<checkpoint>, else ./evaluation/<name>)",
+)
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
 @click.option("--json-file", default=None, help="the JSON object written to this file")
-def main(target, episodes, config, cpu_scale, sets, seed, device, as_json, json_file) -> None:
+def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_json, json_file) -> None:
     """Open-loop evaluation of TARGET on held-out demonstrations."""
     import torch
 
@@ -112,7 +151,7 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, as_json, json_
     request.capture_stdout()
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
     try:
-        result = run(target, episodes, config, scale, sets, seed, device)
+        result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
     except (TargetError, ConfigError, DatasetError, click.BadParameter) as exc:
         message = exc.format_message() if isinstance(exc, click.BadParameter) else str(exc)
         print(f"evaluate: {message}", file=sys.stderr)

@@ -33,6 +33,7 @@ class EvalData:
     prompt_emb: torch.Tensor
     empty_emb: torch.Tensor
     prompts: list[torch.Tensor] | None = None  # (L, D) per episode (LeRobot: its task); None: prompt_emb
+    latent_stats: tuple | None = None  # the stand-in latents' (mean, std) per channel; None: VAE latents
 
     def select(self, names: Sequence[str]) -> list[Episode]:
         index = {n: i for i, n in enumerate(self.names)}
@@ -75,6 +76,7 @@ def load_episodes(cfg) -> EvalData:
         prompt_emb=stream.text_emb,
         empty_emb=stream.empty_emb,
         prompts=prompts,
+        latent_stats=stream.latent_stats,
     )
 
 

@@ -71,8 +71,10 @@ def _score(err: _Errors, pred: torch.Tensor, real: torch.Tensor, slots, normaliz
 
 
 def evaluate_episode(
-    sampler: ChunkSampler, ep: Episode, index: int, seed: int, slots, normalizer, err
+    sampler: ChunkSampler, ep: Episode, index: int, seed: int, slots, normalizer, err, trace=None
 ) -> None:
+    """Score one episode into `err`; with `trace` (a list), append per chunk (first action row, predicted
+    and recorded robot-unit actions [rows, len(slots)]) for plots.py."""
     f, n = sampler.icfg.frames_per_chunk, sampler.model.apf
     chunks = ep.latents.shape[0] // f
     err.frames_skipped += ep.latents.shape[0] - chunks * f
@@ -92,6 +94,10 @@ def evaluate_episode(
         err.latent_values += diff.numel()
         real_act = ep.actions[k * f * n : (k + 1) * f * n][start * n :]
         _score(err, chunk.actions[start * n :].cpu(), real_act, slots, normalizer)
+        if trace is not None:
+            pred = chunk.actions[start * n :].cpu()[:, list(slots)].double().numpy()
+            real = real_act[:, list(slots)].double().numpy()
+            trace.append(((k * f + start) * n, normalizer.denormalize(pred), normalizer.denormalize(real)))
         err.chunks += 1
         err.frames += f - start
         if k + 1 < chunks:
@@ -124,15 +130,22 @@ def summarise(err: _Errors, channel_names: Sequence[str]) -> dict:
 
 
 def evaluate_open_loop(
-    sampler: ChunkSampler, episodes: Sequence[Episode], slots: Sequence[int], normalizer, seed: int = 0
+    sampler: ChunkSampler,
+    episodes: Sequence[Episode],
+    slots: Sequence[int],
+    normalizer,
+    seed: int = 0,
+    traces: dict | None = None,
 ) -> dict:
-    """Open-loop scores over `episodes` (all of them together, and per episode)."""
-    names = FURNITURE_CHANNELS if len(slots) == len(FURNITURE_CHANNELS) else tuple(f"ch{i}" for i in slots)
+    """Open-loop scores over `episodes` (all of them together, and per episode); with `traces` (a dict),
+    each episode's chunks by name (see evaluate_episode)."""
+    names = channel_names(slots)
     total = _Errors.zeros(len(slots))
     per_episode = {}
     for index, ep in enumerate(episodes):
         err = _Errors.zeros(len(slots))
-        evaluate_episode(sampler, ep, index, seed, slots, normalizer, err)
+        trace: list | None = None if traces is None else traces.setdefault(ep.name, [])
+        evaluate_episode(sampler, ep, index, seed, slots, normalizer, err, trace)
         per_episode[ep.name] = summarise(err, names)
         for field in ("norm_abs", "robot_abs", "norm_sq"):
             setattr(total, field, getattr(total, field) + getattr(err, field))
@@ -147,3 +160,7 @@ def evaluate_open_loop(
         ):
             setattr(total, field, getattr(total, field) + getattr(err, field))
     return {"episodes": len(episodes), "overall": summarise(total, names), "per_episode": per_episode}
+
+
+def channel_names(slots: Sequence[int]) -> tuple[str, ...]:
+    return FURNITURE_CHANNELS if len(slots) == len(FURNITURE_CHANNELS) else tuple(f"ch{i}" for i in slots)

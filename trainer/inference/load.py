@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -82,7 +83,13 @@ def load_checkpoint_model(path: Path, cfg: RunConfig):
     model = WorldModel(cfg).eval()
     state = model.state_dict()
     try:
-        dcp.load({"train": {"model": state}}, checkpoint_id=str(path), no_dist=True)
+        with warnings.catch_warnings():  # no_dist=True is this load's intent: DCP's warning says only that
+            warnings.filterwarnings(
+                "ignore",
+                message="torch.distributed is disabled, unavailable or uninitialized",
+                category=UserWarning,
+            )
+            dcp.load({"train": {"model": state}}, checkpoint_id=str(path), no_dist=True)
     except Exception as exc:  # DCP reports missing/mismatched keys as CheckpointException
         raise TargetError(f"{path}: its model state does not load into the run's model ({exc})") from exc
     model.load_state_dict(state, strict=True)

@@ -171,6 +171,11 @@ class ChunkSampler:
         return x
 
     # -- history -----------------------------------------------------------------------------------
+    def drop_predicted(self) -> None:
+        """Forget the last chunk's predicted entries (before its real frames arrive, or a re-sample)."""
+        self.cache.drop_predicted()
+        self.history = [w for w in self.history if w.keep != "pred"]
+
     def observe(self, latents: torch.Tensor, actions: torch.Tensor) -> None:
         """Real latents [F', C, H, W] and the executed normalised actions [F'*N, A] of those frames."""
         frames = latents.shape[0]
@@ -179,8 +184,7 @@ class ChunkSampler:
                 f"observe: {frames} latent frames need {frames * self.model.apf} actions, "
                 f"got {actions.shape[0]}"
             )
-        self.cache.drop_predicted()
-        self.history = [w for w in self.history if w.keep != "pred"]
+        self.drop_predicted()
         zeros = torch.zeros(frames, dtype=torch.float32, device=self.device)
         self._pass("video", latents.to(self.device, torch.float32)[None], zeros, "real")
         acts = actions.to(self.device, torch.float32)[None].clone()

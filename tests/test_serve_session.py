@@ -1,0 +1,114 @@
+"""bin/serve's server in one process (trainer/inference/server.py, session.py) on a tiny random model: the
+handshake refuses a wrong key before any session exists, a session answers reset -> observation ->
+compute_kv_cache -> observation with what a Session computes directly, a bad request is answered and the
+connection goes on, a frame over the limit closes the connection (1009), stop() returns 0. The end-to-end
+test with bin/train and bin/serve is tests/test_serve.py (heavy)."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+from websockets.exceptions import ConnectionClosedError, InvalidStatus
+
+from tests.support.lingbot_tiny import tiny_cfg
+from trainer.data.encoder import PatchMeanEncoder
+from trainer.data.normalize import QuantileNormalizer
+from trainer.data.text import StandInText
+from trainer.inference.protocol import Spec
+from trainer.inference.replay import PolicyClient, ServerError
+from trainer.inference.server import Limits, PolicyServer
+from trainer.inference.session import Served, Session
+from trainer.model import WorldModel
+from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
+
+pytestmark = pytest.mark.fast
+F, CAMS, KEY = 2, ("front", "wrist"), "abc123"
+
+
+def _served() -> Served:
+    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2})
+    cfg.data.cameras = list(CAMS)
+    torch.manual_seed(0)
+    model = WorldModel(cfg).eval()
+    m = cfg.model
+    text = StandInText(m.text_dim, 8)
+    empty, _ = text.embed("")
+    norm = QuantileNormalizer(
+        np.linspace(-1, 0, 8).astype(np.float32), np.linspace(1, 2, 8).astype(np.float32)
+    )
+    spec = Spec(CAMS, 8, F, cfg.data.actions_per_frame)
+    grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
+    return Served(
+        model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, 8),
+        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, 1), text, spec,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def running():
+    served, lines = _served(), []
+    server = PolicyServer(served, Limits(KEY, 2, 64 * 1024), lines.append)
+    bound, result = threading.Event(), []
+    thread = threading.Thread(
+        target=lambda: result.append(asyncio.run(server.run("127.0.0.1", 0, lambda p: bound.set(), False)))
+    )
+    thread.start()
+    assert bound.wait(60)
+    yield served, server, lines
+    server.stop()
+    thread.join(60)
+    assert result == [0] and lines[-1] == "serve: stopped"
+
+
+def _frames(count: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [{c: rng.integers(0, 256, (24, 20, 3), dtype=np.uint8) for c in CAMS} for _ in range(count)]
+
+
+def test_a_wrong_key_is_refused_in_the_handshake(running):
+    _, server, lines = running
+    for key in (None, "nope"):
+        with pytest.raises(InvalidStatus) as info:
+            PolicyClient(f"ws://127.0.0.1:{server.port}", key)
+        assert info.value.response.status_code == 401
+    assert server.open == 0 and not any("opened" in line for line in lines)  # no session was made
+
+
+def test_a_session_serves_what_a_session_computes_and_survives_bad_requests(running):
+    served, server, lines = running
+    n = served.spec.actions_per_frame
+    frames = _frames(2 * F)
+    state = np.random.default_rng(1).normal(size=(8, F, n)).astype(np.float32)
+    direct = Session(served)
+    direct.reset("pick it up")
+    want0 = direct.observe(frames[0])
+    direct.executed(frames[1:F], state)
+    want1 = direct.observe(frames[F])
+    client = PolicyClient(f"ws://127.0.0.1:{server.port}", KEY)
+    try:
+        assert client.metadata["cameras"] == list(CAMS) and client.metadata["channels"] == 8
+        with pytest.raises(ServerError, match="reset: no episode yet"):
+            client.infer({"obs": frames[0]})
+        client.reset("pick it up")
+        got0 = client.infer({"obs": frames[0]})
+        with pytest.raises(ServerError, match=r"state: expected shape \(8, 2, 3\)"):
+            client.infer({"obs": frames[1:F], "compute_kv_cache": True, "state": state[:, :1]})
+        client.infer({"obs": frames[1:F], "compute_kv_cache": True, "state": state})
+        got1 = client.infer({"obs": frames[F]})
+    finally:
+        client.close()
+    assert got0["action"].shape == (8, F, n) and set(got0["server_timing"]) >= {"infer_ms", "queue_ms"}
+    np.testing.assert_allclose(got0["action"], want0, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got1["action"], want1, rtol=0, atol=1e-6)
+    assert sum("bad request" in line for line in lines) == 2
+
+
+def test_a_frame_over_the_limit_closes_the_connection(running):
+    _, server, lines = running
+    client = PolicyClient(f"ws://127.0.0.1:{server.port}", KEY)
+    client.ws.send(b"\x00" * (64 * 1024 + 1))
+    with pytest.raises(ConnectionClosedError) as info:
+        client.ws.recv()
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1009

@@ -1,0 +1,172 @@
+"""Closed loop without a simulator: replay held-out demonstrations through a served policy (bin/serve).
+
+    client = PolicyClient("ws://127.0.0.1:29056", api_key=None)   # speaks as upstream's clients do
+    episodes = replay_episodes(cfg, names)                          # frames and recorded actions from disk
+    result = replay_open_loop(client, episodes, normalizer, slots, frames_per_chunk, actions_per_frame)
+
+PolicyClient is upstream's WebsocketClientPolicy's behaviour (websockets' sync client, no compression, no
+size limit, no pings, `Authorization: Api-Key <key>` when given a key; the metadata map read on connect; a
+text reply raised as ServerError), written here with protocol.py's codec.
+
+The environment is the episode as it was recorded, played as LIBERO's client (evaluation/libero/client.py)
+plays the simulator: `reset` with the prompt, then per chunk an observation (the camera images of the
+chunk's first frame), the served (C, F, N) actions, and `compute_kv_cache` with the frames the robot saw
+and the actions it executed: here the recorded ones (a replay cannot execute the policy's actions), F - 1
+frames after the first chunk (its frame 0 is the observation), F after the others. Frame k of an episode
+is observation k*t (t = data.actions_per_frame: the last observation of latent frame k's group, the one a
+client sees after executing that frame's t actions); its actions are the recorded ones leading into it,
+t zeros before frame 0, as training pads them (trainer/data/stream.py). The served actions are scored
+against the recorded ones exactly as bin/evaluate scores its predictions (evaluate.py `summarise`, the
+same normaliser and clip), over the same chunks, so with the same episode, settings and seed both paths
+give the same numbers (tests/test_serve.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from websockets.sync.client import ClientConnection, connect
+
+from trainer.inference.evaluate import FURNITURE_CHANNELS, _Errors, summarise
+from trainer.inference.protocol import Frame, action_layout, pack, state_rows, unpack
+
+
+class ServerError(RuntimeError):
+    """The server answered a request with a text frame (what upstream's clients raise)."""
+
+
+class PolicyClient:
+    def __init__(self, uri: str, api_key: str | None = None, open_timeout: float = 10.0):
+        headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
+        self.ws: ClientConnection = connect(
+            uri,
+            compression=None,
+            max_size=None,
+            additional_headers=headers,
+            ping_interval=None,
+            close_timeout=10,
+            open_timeout=open_timeout,
+        )
+        first = self.ws.recv()
+        if isinstance(first, str):
+            raise ServerError(f"Error in inference server:\n{first}")
+        self.metadata = unpack(first)
+
+    def infer(self, obs: dict) -> dict:
+        self.ws.send(pack(obs))
+        reply = self.ws.recv()
+        if isinstance(reply, str):
+            raise ServerError(f"Error in inference server:\n{reply}")
+        return unpack(reply)
+
+    def reset(self, prompt: str | None = None) -> dict:
+        return self.infer({"reset": True} if prompt is None else {"reset": True, "prompt": prompt})
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@dataclass
+class ReplayEpisode:
+    name: str
+    prompt: str
+    frames: list[Frame]  # one per latent frame: observation k*t of each camera
+    actions: np.ndarray  # [L*t, C] robot units, the t actions leading into each frame (zeros before frame 0)
+    served: list[np.ndarray] = field(default_factory=list)  # (C, F, N) per chunk, filled by the replay
+
+
+def replay_episodes(cfg, names: list[str]) -> list[ReplayEpisode]:
+    """The named episodes (named as trainer/inference/data.py does), from the run's FurnitureBench data."""
+    from trainer.data.furniturebench import DatasetError, read_episode
+    from trainer.data.prepare import data_root
+    from trainer.data.sources import discover_source
+
+    found = discover_source(cfg, data_root(cfg))
+    t, cams = cfg.data.actions_per_frame, list(cfg.data.cameras)
+    out = []
+    for name in names:
+        path = Path(found.root) / name
+        if path.suffix != ".pkl":
+            raise DatasetError(f"{path}: the replay reads FurnitureBench episodes (*.pkl) only")
+        ep = read_episode(path, cams)
+        observations = min(ep.images[c].shape[0] for c in cams)
+        latent_frames = 1 + (observations - 1) // t
+        frames = [{c: ep.images[c][k * t] for c in cams} for k in range(latent_frames)]
+        used = cfg.model.action_used
+        acts = np.concatenate([np.zeros((t, ep.actions.shape[1]), np.float32), ep.actions])[
+            : latent_frames * t
+        ]
+        out.append(ReplayEpisode(name, cfg.data.prompt, frames, np.ascontiguousarray(acts[:, :used])))
+    return out
+
+
+def replay_episode(client: PolicyClient, ep: ReplayEpisode, frames_per_chunk: int, per_frame: int) -> None:
+    """One episode through the server; its served chunks land in ep.served."""
+    f, n = frames_per_chunk, per_frame
+    client.reset(ep.prompt)
+    ep.served = []
+    chunks = len(ep.frames) // f
+    for k in range(chunks):
+        reply = client.infer({"obs": ep.frames[k * f], "prompt": ep.prompt})
+        ep.served.append(np.asarray(reply["action"]))
+        if k + 1 < chunks:
+            start = 1 if k == 0 else 0
+            executed = action_layout(ep.actions[k * f * n : (k + 1) * f * n], f, n)
+            client.infer(
+                {
+                    "obs": ep.frames[k * f + start : (k + 1) * f],
+                    "compute_kv_cache": True,
+                    "imagine": False,
+                    "state": executed,
+                }
+            )
+
+
+def score(
+    episodes: list[ReplayEpisode], normalizer, frames_per_chunk: int, per_frame: int, clip: float
+) -> dict:
+    """bin/evaluate's action scores (evaluate.py) of the served chunks against the recorded actions."""
+    f, n = frames_per_chunk, per_frame
+    channels = episodes[0].actions.shape[1]
+    names = (
+        FURNITURE_CHANNELS
+        if channels == len(FURNITURE_CHANNELS)
+        else tuple(f"ch{i}" for i in range(channels))
+    )
+    total = _Errors.zeros(channels)
+    per_episode = {}
+    for ep in episodes:
+        err = _Errors.zeros(channels)
+        for k, action in enumerate(ep.served):
+            start = 1 if k == 0 else 0
+            served = state_rows(action)[start * n :].astype(np.float64)
+            real = normalizer.normalize(ep.actions[k * f * n : (k + 1) * f * n][start * n :], clip=clip)
+            pred = normalizer.normalize(served, clip=np.inf).astype(np.float64)
+            real = real.astype(np.float64)
+            err.norm_abs += np.abs(pred - real).sum(0)
+            err.norm_sq += ((pred - real) ** 2).sum(0)
+            err.robot_abs += np.abs(served - normalizer.denormalize(real)).sum(0)
+            err.actions += pred.shape[0]
+            err.chunks += 1
+            err.frames += f - start
+        err.frames_skipped = len(ep.frames) - len(ep.served) * f
+        per_episode[ep.name] = summarise(err, names)
+        for name in ("norm_abs", "robot_abs", "norm_sq", "actions", "chunks", "frames", "frames_skipped"):
+            setattr(total, name, getattr(total, name) + getattr(err, name))
+    overall = summarise(total, names)
+    for key in ("latent_mae", "latent_mse"):  # the server does not send its generated video
+        overall.pop(key, None)
+        for v in per_episode.values():
+            v.pop(key, None)
+    return {"episodes": len(episodes), "overall": overall, "per_episode": per_episode}
+
+
+def replay_open_loop(
+    client: PolicyClient, episodes: list[ReplayEpisode], normalizer, frames_per_chunk: int, per_frame: int,
+    clip: float,
+) -> dict:  # fmt: skip
+    for ep in episodes:
+        replay_episode(client, ep, frames_per_chunk, per_frame)
+    return score(episodes, normalizer, frames_per_chunk, per_frame, clip)

@@ -1,0 +1,188 @@
+"""What bin/serve serves: the model loaded once (`load_served`), and one `Session` per connection.
+
+`load_served` loads the weights as bin/evaluate does (trainer/inference/load.py; a RUN_DIR's best
+checkpoint, `checkpoints/best`, when it has one, else its newest complete checkpoint), applies `--set`
+(infer.* chooses the sampler), and reads the run's data through training's data path (as bin/evaluate:
+the action normaliser, the empty prompt, the stand-in latents' standardisation), then builds the run's
+encoders (trainer/data/encoder.py, text.py: the Wan2.2 VAE and T5 when the run used them, else the
+stand-ins, announced).
+
+A Session is upstream's VA_Server state for one client (`_reset`, `_infer`, `_compute_kv_cache`), on a
+ChunkSampler of its own (its own KV cache and prompt; another connection never sees it):
+    reset(prompt)      a new episode: the prompt embedded by the run's text encoder (none: data.prompt)
+    observe(frame)     the next chunk: (C, F, N) robot-unit actions (channels, frames, actions per frame);
+                       the first chunk of an episode is conditioned on `frame`, encoded as one latent frame
+    executed(frames, state)  the frames the robot saw after executing the chunk (one image per latent
+                       frame: F - 1 after the first chunk, whose frame 0 is the observation, else F) and
+                       the executed actions (C, F, N) in robot units, normalised as training normalised
+                       them; they replace the chunk's predicted entries in the cache as real history.
+Each image is encoded alone (one latent frame per image, as upstream's clients send one key frame per
+latent frame): the Wan2.2 VAE resizes it bilinearly to its resolution as upstream does; the stand-in
+area-pools any size to its grid. The noise of chunk k of the e-th episode of a session is drawn from
+evaluate._seeded(seed, e, k), as bin/evaluate draws chunk k of its e-th episode: same inputs, same actions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer.inference.evaluate import _seeded
+from trainer.inference.protocol import Frame, ProtocolError, Spec, action_layout, check_state, state_rows
+from trainer.inference.sampler import ChunkSampler, to_robot_units
+
+ACTION_CLIP = 1.5  # trainer/data/stream.py's, when the config has no recipe.action_clip
+
+
+@dataclass
+class Served:
+    model: Any
+    cfg: Any
+    what: str
+    normalizer: Any
+    slots: tuple[int, ...]
+    action_mask: torch.Tensor
+    empty_emb: torch.Tensor
+    grid: tuple[int, int, int]
+    latent_stats: tuple | None
+    video: Any  # trainer/data/encoder.py VideoEncoder
+    text: Any  # trainer/data/text.py TextEncoder
+    spec: Spec
+    seed: int = 0
+    stand_ins: tuple[str, ...] = ()
+
+    @property
+    def clip(self) -> float:
+        return float(getattr(getattr(self.cfg, "recipe", None), "action_clip", ACTION_CLIP))
+
+    @torch.no_grad()
+    def encode(self, frames: list[Frame]) -> torch.Tensor:
+        """Frames -> latents [len(frames), C, H, views*W], standardised as training's stand-in latents."""
+        per_frame = []
+        for frame in frames:
+            # a copy: a decoded array is a read-only view of the frame's bytes (torch warns on those)
+            views = [self.video.encode(np.array(frame[cam][None]))[:1] for cam in self.spec.cameras]
+            per_frame.append(np.concatenate(views, axis=-1))
+        x = np.concatenate(per_frame).astype(np.float32)
+        if self.latent_stats is not None:
+            mean, std = self.latent_stats
+            x = (x - mean) / std
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+    def normalised_actions(self, state: np.ndarray) -> torch.Tensor:
+        """(C, F, N) robot units -> [F*N, action_dim] normalised, clipped, in the run's slots."""
+        rows = state_rows(state)
+        stats = getattr(self.normalizer, "q01", None)
+        width = int(np.asarray(stats if stats is not None else self.normalizer.mean).size)
+        raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
+        raw[:, : rows.shape[1]] = rows
+        out = torch.zeros(rows.shape[0], self.action_mask.numel())
+        used = self.normalizer.normalize(raw, clip=self.clip)[:, : len(self.slots)]
+        out[:, list(self.slots)] = torch.from_numpy(used)
+        return out
+
+
+def resolve_served_target(target: str) -> str:
+    """A RUN_DIR with checkpoints/best (trainer/checkpoint/best.py) -> that checkpoint; else TARGET."""
+    best = Path(target) / "checkpoints" / "best"
+    return str(best.resolve()) if best.is_dir() else target
+
+
+def load_served(
+    target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
+) -> Served:
+    from trainer.config import apply_overrides, check_config, load_config, parse_set
+    from trainer.data.encoder import make_encoder
+    from trainer.data.prepare import stand_ins
+    from trainer.data.text import make_text_encoder
+    from trainer.inference.data import load_episodes
+    from trainer.inference.load import load_model, pick_device
+
+    base = load_config(config, cpu_scale, parse_set(list(sets)))
+    model, cfg, what = load_model(resolve_served_target(target), base)
+    if sets:
+        apply_overrides(cfg, parse_set(list(sets)), "--set")
+        check_config(cfg)
+    dev = pick_device(device)
+    model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
+    say(f"serve: {what}")
+    data = load_episodes(cfg)
+    video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
+    announced = tuple(stand_ins(video, text))
+    spec = Spec(tuple(cfg.data.cameras), len(data.slots), cfg.infer.frames_per_chunk, model.apf)
+    grid = tuple(data.latents[0].shape[1:])
+    return Served(
+        model, cfg, what, data.normalizer, data.slots, data.action_mask, data.empty_emb,
+        (int(grid[0]), int(grid[1]), int(grid[2])), data.latent_stats, video, text, spec, seed, announced,
+    )  # fmt: skip
+
+
+class Session:
+    """One client's episode state (see the module docstring)."""
+
+    def __init__(self, served: Served):
+        self.served = served
+        self.sampler: ChunkSampler | None = None
+        self.episode = -1  # index of the current episode on this connection (the noise seed's part)
+        self.chunk = 0  # chunks sampled in this episode
+        self.first_latent: torch.Tensor | None = None
+        self.pending = False  # a chunk was sampled and its real frames have not arrived yet
+
+    def reset(self, prompt: str | None) -> None:
+        s = self.served
+        emb, _ = s.text.embed(prompt if prompt is not None else s.cfg.data.prompt)
+        self.sampler = ChunkSampler(
+            s.model, s.cfg.infer, s.action_mask, torch.as_tensor(emb), s.empty_emb, video_grid=s.grid
+        )
+        self.episode += 1
+        self.chunk, self.first_latent, self.pending = 0, None, False
+
+    def _sampler(self) -> ChunkSampler:
+        if self.sampler is None:
+            raise ProtocolError("reset", "no episode yet: send {'reset': True, 'prompt': ...} first")
+        return self.sampler
+
+    @torch.no_grad()
+    def observe(self, frame: Frame | None) -> np.ndarray:
+        sampler, s = self._sampler(), self.served
+        first = sampler.frame == 0
+        if first and frame is None:
+            raise ProtocolError(
+                "obs", f"the first chunk needs an observation: a map of {list(s.spec.cameras)}"
+            )
+        if self.pending:  # a second request for the same chunk: forget the first answer's predictions
+            sampler.drop_predicted()
+        if first:
+            assert frame is not None
+            self.first_latent = s.encode([frame])[0]
+        chunk = sampler.sample(
+            first_latent=self.first_latent if first else None,
+            generator=_seeded(s.seed, self.episode, self.chunk),
+        )
+        self.pending = True
+        robot = to_robot_units(chunk.actions, s.normalizer, s.slots)
+        return action_layout(robot, s.spec.frames_per_chunk, s.spec.actions_per_frame)
+
+    @torch.no_grad()
+    def executed(self, frames: list[Frame], state: np.ndarray) -> None:
+        sampler, s = self._sampler(), self.served
+        if not self.pending:
+            raise ProtocolError("compute_kv_cache", "no chunk to update: send an observation first")
+        first = sampler.frame == 0
+        total = len(frames) + (1 if first else 0)
+        if not frames and not first:
+            raise ProtocolError("obs", "expected at least one executed frame")
+        state = check_state(state, s.spec, total)
+        latents = s.encode(frames) if frames else None
+        if first:
+            assert self.first_latent is not None
+            head = self.first_latent[None]
+            latents = head if latents is None else torch.cat([head, latents])
+        assert latents is not None
+        sampler.observe(latents, s.normalised_actions(state))
+        self.pending = False
+        self.chunk += 1
