@@ -178,6 +178,25 @@ def test_evaluate_targets_are_named_in_errors(tmp_path):
         resolve_target(tmp_path)
 
 
+def test_a_run_dir_means_its_best_checkpoint_else_its_newest_complete_one(tmp_path):
+    """bin/evaluate and bin/serve take RUN_DIR as checkpoints/best when that points at a complete
+    checkpoint; otherwise (no pointer, or one at a partial checkpoint) the newest complete one."""
+    root = tmp_path / "checkpoints"
+    for step in (5, 7, 9):
+        ckpt = root / f"checkpoint_step_{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "train_state.json").write_text(json.dumps({"step": step}))
+        if step != 9:  # step 9 is partial: no COMPLETE marker
+            files = {p.name: p.stat().st_size for p in ckpt.iterdir()}
+            (ckpt / "COMPLETE").write_text(json.dumps({"step": step, "files": files}))
+    assert resolve_target(tmp_path) == ("checkpoint", root / "checkpoint_step_7")
+    (root / "best").symlink_to("checkpoint_step_5")
+    assert resolve_target(tmp_path) == ("checkpoint", (root / "checkpoint_step_5").resolve())
+    (root / "best").unlink()
+    (root / "best").symlink_to("checkpoint_step_9")
+    assert resolve_target(tmp_path) == ("checkpoint", root / "checkpoint_step_7")
+
+
 def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
     import torch.distributed.checkpoint as dcp
 

@@ -1,7 +1,8 @@
 """What `bin/evaluate TARGET` evaluates: a plain (unsharded) model on one process, and its run config.
 
 TARGET is one of
-    RUN_DIR                      the newest complete checkpoint under RUN_DIR/checkpoints/
+    RUN_DIR                      its best checkpoint (RUN_DIR/checkpoints/best, trainer/checkpoint/best.py)
+                                 when it has one, else the newest complete one under RUN_DIR/checkpoints/
     RUN_DIR/checkpoints/checkpoint_step_N   that DCP checkpoint (its train_state.json holds the run config)
     a reference-layout folder    <dir>/transformer/{config.json, *.safetensors} or the transformer/ itself:
                                  the released lingbot-va-base folder, or a checkpoint's export (checkpoint.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint.layout import MARKER, TRAIN_STATE, latest_complete
+from trainer.checkpoint.layout import MARKER, TRAIN_STATE, scan
 from trainer.config import ConfigError, RunConfig, config_from_dict
 
 
@@ -48,10 +49,12 @@ def resolve_target(target: str | Path) -> tuple[str, Path]:
     if _is_checkpoint(path):
         return "checkpoint", path
     if (path / "checkpoints").is_dir():
-        info = latest_complete(path / "checkpoints")
-        if info is None:
+        complete, _ = scan(path / "checkpoints")
+        if not complete:
             raise TargetError(f"{path}/checkpoints: no complete checkpoint (train longer, or name one)")
-        return "checkpoint", info.path
+        best = path / "checkpoints" / "best"
+        pinned = [c for c in complete if best.is_symlink() and c.path.resolve() == best.resolve()]
+        return "checkpoint", (pinned or complete)[-1].path
     folder = _reference_folder(path)
     if folder is not None:
         return "reference", folder

@@ -25,7 +25,6 @@ evaluate._seeded(seed, e, k), as bin/evaluate draws chunk k of its e-th episode:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,12 +85,6 @@ class Served:
         return out
 
 
-def resolve_served_target(target: str) -> str:
-    """A RUN_DIR with checkpoints/best (trainer/checkpoint/best.py) -> that checkpoint; else TARGET."""
-    best = Path(target) / "checkpoints" / "best"
-    return str(best.resolve()) if best.is_dir() else target
-
-
 def load_served(
     target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
 ) -> Served:
@@ -103,7 +96,7 @@ def load_served(
     from trainer.inference.load import load_model, pick_device
 
     base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(resolve_served_target(target), base)
+    model, cfg, what = load_model(target, base)
     if sets:
         apply_overrides(cfg, parse_set(list(sets)), "--set")
         check_config(cfg)
