@@ -58,6 +58,7 @@ EXIT_OK = 0  # the requested steps are done (also: a re-run of a finished run)
 EXIT_FAILED = 1  # training failed on some rank; the summary names the rank and its error
 EXIT_USAGE = 2  # bad command line or config (unknown config, bad --set); nothing written
 EXIT_PREFLIGHT = 3  # env missing/incomplete, a preflight check failed, run dir not writable
+EXIT_BUSY = 73  # EX_CANTCREAT: another live bin/train holds the run dir (launcher/ownership.py)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; resume me
 EXIT_CODES: dict[str, int | None] = {
     RUNNING: None,  # an attempt in progress has no exit code yet
