@@ -165,7 +165,7 @@ def bin_train(run_dir: Path, env: dict[str, str], *extra: str) -> tuple[int, str
 def assert_refused(run_dir: Path, env: dict[str, str], holder_pid: int) -> None:
     rc, out, took = bin_train(run_dir, env)
     assert rc == EXIT_BUSY, out
-    line = next(x for x in out.splitlines() if x.startswith("refused: "))
+    line = next(x for x in out.splitlines() if x.startswith("[bin/train] refused: "))
     assert f"run dir {run_dir} is in use by another bin/train (host {socket.gethostname()}, " in line, out
     assert f"pid {holder_pid}, since " in line and "pass another --run-dir" in line and "exit 73" in line, out
     assert "Traceback" not in out, out
