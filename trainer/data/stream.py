@@ -46,8 +46,9 @@ from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
 from trainer.data.location import resolve_data_path
 from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
+from trainer.data.short import short_episodes, split_with_short
 from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
-from trainer.data.split import SplitError, split_record
+from trainer.data.split import SplitError
 from trainer.masks import SequenceShape, sequence_shape
 from trainer.recipe import EmptyText, draw_micro_batch
 
@@ -287,9 +288,10 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         text = {k: z[k] for k in z.files}
     if "task_emb" in text:  # a LeRobot dataset: the prompt per episode (its task)
         text["episode_task"] = np.array(tasks, np.int64)
-    spec = manifest["spec"]
+    spec, short = manifest["spec"], short_episodes(cfg, manifest, found.root)
     summary = DatasetSummary.of(
         found,
+        short=short,
         used=len(latents),
         skipped=skipped,
         notes=dict(notes),
@@ -299,9 +301,9 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         cameras=cams,
         cache=str(directory),
     )
-    split = split_record(names, cfg.data.val_episodes) if names else None
+    log(summary.describe())  # before the split: a split that fails still shows what was found
+    split = split_with_short(names, cfg.data.val_episodes, short) if names else None
     summary = dataclasses.replace(summary, split=split)
-    log(summary.describe())
     if split is not None and split["held_out"]:
         log(
             f"data: {len(split['held_out'])} of {len(names)} episodes held out, never trained on "
