@@ -71,6 +71,9 @@ def test_stale_rules_other_host_heartbeat_and_slurm():
     assert "no longer knows job 77" in str(stale_reason(job, clues(slurm_state=lambda j: "")))
     requeue = clues(slurm_job_id="77", slurm_restarts=1, slurm_state=lambda j: "RUNNING")
     assert "this is its requeue (Slurm job 77, restart 1)" in str(stale_reason(job, requeue))
+    here = holder(slurm_job_id="77", slurm_restarts=0)  # on this host, its pid still alive: still taken
+    alive_requeue = clues(slurm_job_id="77", slurm_restarts=2, pid_start=lambda pid: 1000.0)
+    assert "this is its requeue" in str(stale_reason(here, alive_requeue))
     same_start = clues(slurm_job_id="77", slurm_restarts=0, slurm_state=lambda j: "RUNNING")
     assert stale_reason(job, same_start) is None  # the same start of the job: a live holder
 

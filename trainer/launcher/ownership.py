@@ -30,7 +30,7 @@ two hosts' clocks are compared). A holder is stale, and is taken over with one l
 A takeover renames the stale record aside (`owner.json.stale-<token>`; rename is atomic, so of two
 launchers taking over at once one moves it), then checks that what it moved is the record it judged
 (else it puts it back and re-judges), then takes the name as above. The read-only commands
-(`bin/evaluate`, `bin/serve`, `--plan`, `--sbatch`) never take ownership.
+(`bin/evaluate`, the server, `--plan`, `--sbatch`) never take ownership.
 """
 
 from __future__ import annotations
@@ -150,6 +150,9 @@ class Clues:
 
 def stale_reason(holder: OwnerRecord, clues: Clues) -> str | None:
     """Why `holder` no longer holds the run dir (a line's middle), or None while it may be alive."""
+    same_job = holder.slurm_job_id and holder.slurm_job_id == clues.slurm_job_id
+    if same_job and clues.slurm_restarts > holder.slurm_restarts:  # Slurm ended the earlier start
+        return f"this is its requeue (Slurm job {holder.slurm_job_id}, restart {clues.slurm_restarts})"
     if holder.host == clues.host and holder.boot_id == clues.boot_id:
         started = clues.pid_start(holder.pid)
         if started is None:
@@ -159,9 +162,6 @@ def stale_reason(holder: OwnerRecord, clues: Clues) -> str | None:
         return None  # a live launcher on this host: never taken over
     if holder.host == clues.host and holder.boot_id != clues.boot_id:
         return "this host rebooted since it took the run dir"
-    if holder.slurm_job_id and holder.slurm_job_id == clues.slurm_job_id:
-        if clues.slurm_restarts > holder.slurm_restarts:
-            return f"this is its requeue (Slurm job {holder.slurm_job_id}, restart {clues.slurm_restarts})"
     if holder.slurm_job_id:
         state = clues.slurm_state(holder.slurm_job_id)
         if state == "":
