@@ -79,7 +79,9 @@ def test_the_limit_follows_rank_0s_phase():
     assert clock.phase_name() == "start-up" and clock.limit() == 1500
     clock.observe(None, 30.0, FIRST_STEP, 1.0)
     assert clock.limit() == 1500 and clock.stalled_for(100.0) == 70.0  # counted from the phase's start
-    for step, t in [(1, 200.0), (2, 203.0), (3, 206.0), (4, 209.0)]:
+    clock.observe(1, 200.0, STEP, 200.0)  # the compiled first step: 170 s from its phase's start
+    assert clock.median() is None and clock.limit() == 1620  # 10 x 170 s, capped at 0.9 x 1800 s
+    for step, t in [(2, 203.0), (3, 206.0), (4, 209.0)]:
         clock.observe(step, t, STEP, t)
     assert clock.median() == 3.0 and clock.limit() == 60  # 10 x 3 s is below the floor
     clock.observe(4, 210.0, SAVE, 210.0, expect_s=None)  # the first save: nothing measured yet
@@ -91,6 +93,10 @@ def test_the_limit_follows_rank_0s_phase():
     clock.observe(5, 425.0, STEP, 425.0)
     assert clock.phase_name() == STEP and clock.limit() == 60 and not clock.stalled(484.0)
     assert clock.stalled(486.0)
+    resumed = stall.StallClock(cfg, started=0.0)  # a requeued attempt: its first step took 4 s
+    resumed.observe(None, 10.0, FIRST_STEP, 10.0)
+    resumed.observe(3, 14.0, STEP, 14.0)
+    assert resumed.median() is None and resumed.limit() == 60  # 10 x 4 s, at least the floor
     slow = stall.StallClock(dataclasses.replace(cfg, collective_timeout_s=1000), started=0.0)
     slow.observe(3, 1.0, SAVE, 1.0)
     assert slow.limit() == 900  # never past 0.9 x the backend's timeout

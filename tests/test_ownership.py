@@ -183,14 +183,22 @@ def test_a_second_launch_is_refused_and_a_killed_holder_is_taken_over_and_cleane
     run_dir, pause = tmp_path / "run", tmp_path / "pause"
     runs.seed_preflight(run_dir, preflight_record)
     first = runs.launch(run_dir, tmp_path / "episodes", env, extra_env=runs.pause_env(pause, "step:2"))
-    runs.wait_for(pause, "reached", first)  # rank 0 parked in step 2: the first launch is training
-    tree = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
-    (copy,) = Path(env["TMPDIR"]).glob(f"lingbot-*-{first.pid}-compile")
-    assert_refused(run_dir, env, first.pid)
-    os.kill(first.pid, signal.SIGKILL)  # the launcher: its finally never runs
-    first.wait()
-    runs.release(pause)
-    psutil.wait_procs([psutil.Process(p) for p in tree if psutil.pid_exists(p)], timeout=120)
+    tree: list[psutil.Process] = []
+    try:
+        runs.wait_for(pause, "reached", first)  # rank 0 parked in step 2: the first launch is training
+        tree = psutil.Process(first.pid).children(recursive=True)
+        (copy,) = Path(env["TMPDIR"]).glob(f"lingbot-*-{first.pid}-compile")
+        assert_refused(run_dir, env, first.pid)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # the launcher: its finally never runs
+        first.wait()
+        runs.release(pause)
+        for proc in tree:  # torchrun stops its ranks on the launcher's death; never leave one behind
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(tree, timeout=120)
     assert copy.is_dir()  # left behind by the killed launcher
     rc, out, _ = runs.finish(runs.launch(run_dir, tmp_path / "episodes", env))
     assert rc == 0, out

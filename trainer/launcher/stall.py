@@ -8,9 +8,10 @@ ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/a
 The limit (config `hang`, trainer/config.py HangConfig) follows the phase rank 0 reports in
 progress.json (trainer/phases.py), counted from the phase's start: start-up (no progress.json yet) and
 the first compiled step, start_s; a step, step_factor x the median step time of this attempt after its
-first warm_up_steps steps, at least floor_s; a save or an evaluation, step_factor x the length rank 0
-predicts from this attempt's measurements, at least floor_s, or phase_s before one was measured. Always
-at most 0.9 x collective_timeout_s (the backend's own timeout is the backstop and must come later).
+first warm_up_steps steps (before that, the first compiled step's time), at least floor_s; a save or
+an evaluation, step_factor x the length rank 0 predicts from this attempt's measurements, at least
+floor_s, or phase_s before one was measured. Always at most 0.9 x collective_timeout_s (the backend's
+own timeout is the backstop and must come later).
 
 When the attempt has stalled but every rank recorded `completed` and the last step's checkpoint is
 complete, it is not a hang: torchrun (or what is left of the ranks' teardown) did not exit. The launcher
@@ -73,6 +74,7 @@ class StallClock:
     phase: str | None = None  # None: start-up (no progress.json yet)
     expect_s: float | None = None  # rank 0's prediction of the phase's length
     phase_key: tuple[object, ...] = ()
+    first_step_s: float | None = None  # the attempt's first (compiled) step, from its phase's start
 
     def __post_init__(self) -> None:
         self.last_change = self.last_step_at = self.started
@@ -82,7 +84,7 @@ class StallClock:
         expect_s: float | None = None,
     ) -> None:  # fmt: skip
         """Feed progress.json's last completed step (and its phase) read at monotonic time `now`."""
-        key = (phase, phase_time)
+        key, since = (phase, phase_time), self.last_change
         if phase is not None and key != self.phase_key:
             self.phase, self.expect_s, self.phase_key, self.last_change = phase, expect_s, key, now
         if step is None or step == self.last_step:
@@ -93,7 +95,7 @@ class StallClock:
                 per_step = (now - self.last_step_at) / (step - self.last_step)
                 self.step_times.extend([per_step] * min(step - self.last_step, 8))
         if self.first_step is None:
-            self.first_step = step
+            self.first_step, self.first_step_s = step, now - since
         self.last_step, self.last_step_at, self.last_change = step, now, now
 
     def median(self) -> float | None:
@@ -107,7 +109,8 @@ class StallClock:
     def limit(self) -> float:
         """start-up and the first compiled step: start_s; a save or an evaluation: step_factor x its
         predicted length, at least floor_s (phase_s before one was measured); a step: step_factor x the
-        median step, at least floor_s (start_s during the warm-up steps). At most 0.9 x the backend's."""
+        median step, at least floor_s (during the warm-up steps, the first compiled step's time stands
+        for the median). At most 0.9 x the backend's."""
         cfg, name = self.cfg, self.phase_name()
         if name in ("start-up", FIRST_STEP):
             own = cfg.start_s
@@ -115,6 +118,8 @@ class StallClock:
             own = max(cfg.floor_s, cfg.step_factor * self.expect_s) if self.expect_s else cfg.phase_s
         else:
             median = self.median()
+            if median is None and self.first_step_s is not None:  # warm-up: the compiled step's time
+                median = self.first_step_s
             own = max(cfg.floor_s, cfg.step_factor * median) if median is not None else cfg.start_s
         return min(own, CEILING * cfg.collective_timeout_s)
 
