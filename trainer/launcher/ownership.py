@@ -41,6 +41,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -224,7 +225,13 @@ class Ownership:
         self.path, self.record, self.heartbeat_s = path, record, heartbeat_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="owner-heartbeat", daemon=True)
-        self._thread.start()
+        # never the thread a stop signal lands on (supervise.py: the main thread must get it at once)
+        stops = {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP}
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            self._thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def _beat(self) -> None:
         while not self._done.wait(self.heartbeat_s):
