@@ -8,7 +8,7 @@
 Each call rewrites progress.json (trainer/attempt.py Progress) with the phase, its start (time.time())
 and `expect_s`, the rank's prediction of its length from what this attempt measured: an evaluation's last
 duration; a save's bytes over the write speed of the last save (bytes / seconds). Nothing measured yet:
-None, and the launcher applies its generous limit (hang.phase_s). After a phase, record_step
+None, and the launcher applies the phases' floor (hang.phase_s). After a phase, record_step
 (trainer/observe.py) writes the next step's progress with phase STEP. A failed write is ignored here (the
 step's own progress write reports a full disk).
 """

@@ -10,8 +10,8 @@ progress.json (trainer/phases.py), counted from the phase's start: start-up (no 
 the first compiled step, start_s; a step, step_factor x the median step time of this attempt after its
 first warm_up_steps steps (before that, the first compiled step's time), at least floor_s; a save or
 an evaluation, step_factor x the length rank 0 predicts from this attempt's measurements, at least
-floor_s, or phase_s before one was measured. Always at most 0.9 x collective_timeout_s (the backend's
-own timeout is the backstop and must come later).
+phase_s (an I/O phase's own floor: a network filesystem can stall for minutes without anything hung).
+Always at most 0.9 x collective_timeout_s (the backend's own timeout is the backstop and must come later).
 
 When the attempt has stalled but every rank recorded `completed` and the last step's checkpoint is
 complete, it is not a hang: torchrun (or what is left of the ranks' teardown) did not exit. The launcher
@@ -108,14 +108,14 @@ class StallClock:
 
     def limit(self) -> float:
         """start-up and the first compiled step: start_s; a save or an evaluation: step_factor x its
-        predicted length, at least floor_s (phase_s before one was measured); a step: step_factor x the
+        predicted length, at least phase_s (a filesystem's stall is not a hang); a step: step_factor x the
         median step, at least floor_s (during the warm-up steps, the first compiled step's time stands
         for the median). At most 0.9 x the backend's."""
         cfg, name = self.cfg, self.phase_name()
         if name in ("start-up", FIRST_STEP):
             own = cfg.start_s
         elif name in (SAVE, EVALUATION):
-            own = max(cfg.floor_s, cfg.step_factor * self.expect_s) if self.expect_s else cfg.phase_s
+            own = max(cfg.phase_s, cfg.step_factor * (self.expect_s or 0.0))
         else:
             median = self.median()
             if median is None and self.first_step_s is not None:  # warm-up: the compiled step's time
