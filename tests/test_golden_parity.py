@@ -12,6 +12,7 @@ from $LINGBOT_GOLDEN_DIR.
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from tests.support.golden import (
     GOLDEN,
     PARITY_SETUP,
     PICKED_GRADS,
+    PROVENANCE,
     batch_from_reference,
     golden_cases,
     model_cfg,
@@ -55,6 +57,14 @@ def _fixture_model(meta: dict, tensors: dict, actions_per_frame: int) -> WorldMo
     weights = {k[len("weight.") :]: v for k, v in tensors.items() if k.startswith("weight.")}
     model.load_state_dict(weights, strict=True)
     return model
+
+
+def test_the_fixtures_provenance_is_reproducible_words_not_a_machines_folder():
+    reference = json.loads(FIXTURE_JSON.read_text())["reference"]
+    assert reference == PROVENANCE  # what tests/support/golden.py writes
+    assert reference["commit"] == "58c2ae5" and "tests/support/reference_golden.py" in reference["command"]
+    text = json.dumps(reference)
+    assert not re.search(r"(?<![$\w])/(work|home|tmp|root|Users)/", text), text  # no absolute folder
 
 
 @pytest.mark.parametrize("case", ["a", "b"])

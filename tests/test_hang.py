@@ -1,12 +1,16 @@
 """A hung rank is said, with where every rank is, and ends the attempt (trainer/launcher/stall.py).
 
-Fast: the limit's arithmetic, py-spy's dump parsed, the config rule, the requeue policy's memory.
+Fast: the limit's arithmetic and how it follows rank 0's phase (start-up, first step, step, save,
+evaluation), rank 0's phase reports, py-spy's dump parsed, the config rule, the requeue policy's memory.
 Heavy (real 2-rank runs of a tiny model through `python -m trainer.launcher`, what bin/train execs):
 - a rank stopped with SIGSTOP after step 3: the stall line, py-spy stacks of both ranks (the stopped one
   and the one waiting in a collective), exit 1, a `hung` summary, no process left; the time from the
-  stall to the verdict is measured and bounded;
+  stall to the verdict is measured and bounded, and the stall line comes within the limit, 10 x the
+  median step (at least hang.floor_s);
 - a hang inside a checkpoint save (rank 1 parked before its commit, never released);
-- a slow but live step (a test hook sleeps inside it for less than the limit) is not a hang;
+- a slow but live save (a test hook sleeps inside the first save, longer than a step's limit, shorter
+  than hang.phase_s) is not a hang; torchrun's agent is stopped meanwhile (SIGSTOP): the ranks finish,
+  and the launcher ends torchrun, names it, and the verdict is completed (exit 0), not a hang;
 - under the test Slurm (tests/support/slurm.py), hang.policy=auto requeues the job after the first
   hang, and the second hang at the same step fails for good.
 Synchronisation is by observing files with deadlines, never by sleeps.
@@ -14,6 +18,7 @@ Synchronisation is by observing files with deadlines, never by sleeps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -27,20 +32,23 @@ import psutil
 import pytest
 
 from tests.support.runs import seed_preflight
-from trainer.attempt import Attempt, read_hangs
+from trainer.attempt import EVALUATION, FIRST_STEP, SAVE, STEP, Attempt, Progress, read_hangs
 from trainer.config import ConfigError, HangConfig, RunConfig, check_config
 from trainer.launcher import stall
+from trainer.loop.phases import Phases
 from trainer.outcomes import Hung
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 8
-FLOOR_S = 40  # the limit in these runs (the median step of the tiny model is well under FLOOR_S / 10)
+FLOOR_S = 8  # a plain step's limit here: 10 x the tiny model's median step is below it
+PHASE_S = 30  # a save's or an evaluation's floor (the slow save below stays under it)
 TINY = [
     "model.dim=48", "model.heads=2", "model.depth=2", "model.latent_size=8", "model.attn_block=16",
     "data.frames=4", "data.generated_episodes=4", "data.generated_length=20",
     "train.grad_accum=2", f"train.steps={STEPS}", "train.warmup_steps=2",
     "checkpoint.every=2", "checkpoint.keep=3", "log.tensorboard=false",
-    f"hang.floor_s={FLOOR_S}", "hang.start_s=500", "hang.collective_timeout_s=600", "hang.policy=auto",
+    f"hang.floor_s={FLOOR_S}", f"hang.phase_s={PHASE_S}", "hang.start_s=500", "hang.collective_timeout_s=600",
+    "hang.policy=auto",
 ]  # fmt: skip
 TIMEOUT = 400
 VERDICT_AFTER_FIRE_S = 60  # the stacks, the kill and the summary, at load average ~20 on 2 cores
@@ -65,12 +73,64 @@ def test_the_limit_is_a_multiple_of_the_median_step_with_a_floor_and_a_ceiling()
 
 
 @pytest.mark.fast
+def test_the_limit_follows_rank_0s_phase():
+    cfg = HangConfig(step_factor=10, floor_s=60, start_s=1500, phase_s=300, warm_up_steps=1)
+    clock = stall.StallClock(cfg, started=0.0)
+    assert clock.phase_name() == "start-up" and clock.limit() == 1500
+    clock.observe(None, 30.0, FIRST_STEP, 1.0)
+    assert clock.limit() == 1500 and clock.stalled_for(100.0) == 70.0  # counted from the phase's start
+    clock.observe(1, 200.0, STEP, 200.0)  # the compiled first step: 170 s from its phase's start
+    assert clock.median() is None and clock.limit() == 1620  # 10 x 170 s, capped at 0.9 x 1800 s
+    for step, t in [(2, 203.0), (3, 206.0), (4, 209.0)]:
+        clock.observe(step, t, STEP, t)
+    assert clock.median() == 3.0 and clock.limit() == 60  # 10 x 3 s is below the floor
+    clock.observe(4, 210.0, SAVE, 210.0, expect_s=None)  # the first save: nothing measured yet
+    assert clock.phase_name() == SAVE and clock.limit() == 300 and clock.stalled_for(215.0) == 5.0
+    clock.observe(4, 400.0, SAVE, 400.0, expect_s=2.0)  # a small checkpoint: the phases' floor
+    assert clock.limit() == 300
+    clock.observe(4, 410.0, SAVE, 410.0, expect_s=50.0)  # bytes / the write speed of the last save
+    assert clock.limit() == 500
+    clock.observe(4, 420.0, EVALUATION, 420.0, expect_s=45.0)
+    assert clock.limit() == 450  # 10 x its last duration
+    clock.observe(5, 425.0, STEP, 425.0)
+    assert clock.phase_name() == STEP and clock.limit() == 60 and not clock.stalled(484.0)
+    assert clock.stalled(486.0)
+    resumed = stall.StallClock(cfg, started=0.0)  # a requeued attempt: its first step took 4 s
+    resumed.observe(None, 10.0, FIRST_STEP, 10.0)
+    resumed.observe(3, 14.0, STEP, 14.0)
+    assert resumed.median() is None and resumed.limit() == 60  # 10 x 4 s, at least the floor
+    slow = stall.StallClock(dataclasses.replace(cfg, collective_timeout_s=1000), started=0.0)
+    slow.observe(3, 1.0, SAVE, 1.0, expect_s=500)
+    assert slow.limit() == 900  # never past 0.9 x the backend's timeout
+
+
+@pytest.mark.fast
+def test_rank_0_reports_its_phases_with_predicted_lengths(tmp_path):
+    attempt = Attempt(tmp_path)
+    attempt.write_progress(Progress(first_step=1, last_step=3, phase=STEP))
+    phases = Phases(attempt, rank=0)
+    with phases.during(SAVE, nbytes=1000):
+        seen = attempt.read_progress()
+    assert seen.phase == SAVE and seen.expect_s is None and seen.last_step == 3  # the first: unmeasured
+    assert phases.save_speed is not None and phases.expect(SAVE, 2000) == pytest.approx(
+        2000 / phases.save_speed
+    )
+    with phases.during(EVALUATION):
+        assert attempt.read_progress().expect_s is None
+    first = phases.last_s[EVALUATION]
+    with phases.during(EVALUATION):
+        assert attempt.read_progress().expect_s == pytest.approx(first)  # its last duration
+    Phases(attempt, rank=1).enter(FIRST_STEP)  # only rank 0 writes
+    assert attempt.read_progress().phase == EVALUATION
+
+
+@pytest.mark.fast
 def test_the_collective_timeout_must_outlast_the_floor():
     cfg = RunConfig()
     cfg.hang.collective_timeout_s = cfg.hang.start_s
     with pytest.raises(
         ConfigError,
-        match=r"hang.collective_timeout_s=.* must be longer than max\(hang.floor_s, hang.start_s\)",
+        match=r"collective_timeout_s=.* must be longer than max\(hang.floor_s, hang.start_s, hang.phase_s\)",
     ):
         check_config(cfg)
     cfg.hang.collective_timeout_s, cfg.hang.policy = 10 * cfg.hang.floor_s, "retry"
@@ -241,6 +301,9 @@ def test_a_stopped_rank_is_said_with_both_stacks_and_ends_the_attempt(
     assert not all_gone(tree), f"left running: {all_gone(tree)}"
     fired = run.line_time("no step for ")
     assert ended - fired < VERDICT_AFTER_FIRE_S, (ended - fired, run.output)
+    # the limit is 10 x the median step (at least the floor), and the line came within it
+    assert hung["limit_s"] == pytest.approx(max(FLOOR_S, 10 * hung["median_step_s"]), abs=0.01), hung
+    assert fired - stopped_at < hung["limit_s"] + 5 * stall.POLL_S + 2, (fired - stopped_at, hung)
     print(
         f"\nSIGSTOP -> stall line {fired - stopped_at:.1f} s (limit {hung['limit_s']} s, stalled "
         f"{hung['stalled_s']} s); stall line -> launcher exit {ended - fired:.1f} s; load {os.getloadavg()}"
@@ -265,20 +328,24 @@ def test_a_hang_inside_a_checkpoint_save_is_said_and_no_partial_checkpoint_count
 
 
 @pytest.mark.heavy
-def test_a_slow_but_live_step_is_not_a_hang(tmp_path, data_dir, base_env, preflight_record):
-    slow_s = FLOOR_S // 2  # far beyond 10 x the median step, below the floor
-    run = Run(
-        tmp_path / "run",
-        data_dir,
-        base_env,
-        {"LINGBOT_TEST_SLEEP_AT": f"step:4:1:{slow_s}"},
-        preflight_record,
-    )
+def test_a_slow_save_is_not_a_hang_and_a_torchrun_that_outlives_its_ranks_is_ended(
+    tmp_path, data_dir, base_env, preflight_record
+):
+    slow_s = FLOOR_S * 2  # far beyond a plain step's limit, within a first save's (PHASE_S)
+    hook = {"LINGBOT_TEST_SLEEP_AT": f"checkpoint:2:1:{slow_s}"}
+    run = Run(tmp_path / "run", data_dir, base_env, hook, preflight_record)
+    run.until(lambda: progress_step(run) >= 3, "step 3 in progress.json")
+    (agent,) = [p for p in psutil.Process(run.proc.pid).children() if "torch.distributed.run" in p.cmdline()]
+    agent.suspend()  # SIGSTOP torchrun's agent: the ranks train on and finish, torchrun never exits
     rc, _ = run.finish()
-    assert rc == 0 and "no step for" not in run.output, run.output
+    out = run.output
+    assert rc == 0 and "no step for" not in out, out
+    assert f"after every rank reported completion (step {STEPS}, checkpoint " in out, out
+    assert "ended it; the work is done" in out and "Traceback" not in out, out
     summary = json.loads((run.run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["hung"] is None, summary
-    assert summary["timing"] is not None
+    assert summary["last_complete_checkpoint"]["step"] == STEPS, summary
+    assert not psutil.pid_exists(agent.pid) or agent.status() == psutil.STATUS_ZOMBIE
 
 
 # --- heavy: under the test Slurm ------------------------------------------------------------------

@@ -508,3 +508,29 @@ def test_several_roots_make_one_stream(written, tmp_path):
     assert data.names == stream.names and data.prompts is not None and len(data.prompts) == 6
     # the roots are copies: root b's task 0 is root a's task 0's text, so the same prompt
     assert [int(torch.equal(data.prompts[0], p)) for p in data.prompts] == [1, 0, 1, 1, 0, 1]
+
+
+@pytest.mark.heavy
+def test_short_episodes_are_named_with_what_one_clip_needs(released, tmp_path, preflight_record):
+    """lerobot 0.4.4's own writer, six episodes of 8-13 frames; a clip of 4 latent frames at the VAE's
+    temporal stride 4 needs 13: one usable episode, which the held-out split takes (the user's case)."""
+    root = tmp_path / "ds"
+    args = [str(root), "--episodes", "6", "--length", "8"]
+    run_writer(Path(__file__).parent / "support" / "lerobot_write.py", args, lerobot_site(version=V30))
+    run = tmp_path / "run"
+    runs.seed_preflight(run, preflight_record)
+    overrides = [*runs.tiny(steps=2, grad_accum=1), *_cfg_items(root, released, "data.frames=4")]
+    proc = runs.launch(run, root, runs.clean_env(tmp_path / "no-envs"), overrides=overrides, nproc=1)
+    code, out, _ = runs.finish(proc)
+    assert code == 1, out
+    named = ", ".join(f"episode_00000{e} ({8 + e} frames)" for e in range(5))
+    line = (
+        f"6 found, 1 used, 5 skipped (5 shorter than one clip); 5 episode(s) shorter than one clip, skipped: "
+        f"{named}; one clip needs 13 frames (data.frames=4 latent frames, the encoder's temporal stride 4: "
+        "1 + 4 x 3); lower data.frames"
+    )
+    assert line in out, out
+    assert "has only 1 usable episode(s), leaving none to train on" in out, out
+    assert "5 more episode(s) were found but are shorter than one clip (13 frames" in out, out
+    short = runs.summary(run)
+    assert "5 more episode(s) were found but are shorter than one clip" in str(short.get("rank_error")), short

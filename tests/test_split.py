@@ -191,3 +191,28 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
     _fake_checkpoint(root, 12, {"action_loss": 0.1, "latent_loss": 0.9, "loss": 1.0})
     prune(root, 2, 12, pin)
     assert [c.step for c in scan(root)[0]] == [10, 12] and link.resolve().name == "checkpoint_step_12"
+
+
+def test_short_episodes_are_counted_named_and_repeated_by_the_split_error(tmp_path):
+    from trainer.data.short import clip_frames, short_episodes, split_with_short
+    from trainer.data.split import SplitError
+
+    cfg = RunConfig()
+    cfg.data.frames = 4
+    lengths = [9, 10, 11, 12, 13, 17, 5]  # frames; latent frames at stride 4: 1 + (n - 1) // 4
+    episodes = [{"file": f"ep{i}.pkl", "status": "used", "actions": n, "latent_frames": 1 + (n - 1) // 4}
+                for i, n in enumerate(lengths)]  # fmt: skip
+    episodes.append({"file": "bad.pkl", "status": "skipped", "reason": "error is True"})
+    manifest = {"spec": {"temporal": 4}, "episodes": episodes}
+    short = short_episodes(cfg, manifest, tmp_path)
+    assert short is not None and short["count"] == 5 and short["clip_frames"] == clip_frames(4, 4) == 13
+    assert [e["frames"] for e in short["episodes"]] == [9, 10, 11, 12, 5]
+    line = short["line"]
+    assert "5 episode(s) shorter than one clip, skipped: ep0.pkl (9 frames), ep1.pkl (10 frames)" in line
+    assert "one clip needs 13 frames (data.frames=4 latent frames, the encoder's temporal stride 4" in line
+    assert "lower data.frames" in line
+    said = r"only 2 usable episode\(s\).*5 more episode\(s\) were found but are shorter than one clip \(13"
+    with pytest.raises(SplitError, match=said):
+        split_with_short(["ep4.pkl", "ep5.pkl"], 2, short)
+    cfg.data.frames = 1
+    assert short_episodes(cfg, manifest, tmp_path) is None

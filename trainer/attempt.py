@@ -7,7 +7,8 @@ This module is the one owner of those files; the launcher (trainer/launcher/) an
         config.json       the resolved, checked RunConfig, written by the launcher before any rank starts;
                           the ranks load it and nothing else (no YAML is parsed on a rank)
         rank_<R>.json     RankStatus: running -> completed | preempted | failed (with the error)
-        progress.json     Progress, rank 0, every step: first/last step, last losses, last checkpoint
+        progress.json     Progress, rank 0, every step: first/last step, last losses, last checkpoint;
+                          and at each phase (first step, step, save, evaluation) with its expected length
         stop              the stop request (exists = every rank stops at its next safe point)
         node<N>/          torchrun's per-node log dir (error files of failed ranks)
         node<N>.log       the launcher's copy of node N's torchrun stderr (the terminal gets it without
@@ -58,6 +59,7 @@ EXIT_OK = 0  # the requested steps are done (also: a re-run of a finished run)
 EXIT_FAILED = 1  # training failed on some rank; the summary names the rank and its error
 EXIT_USAGE = 2  # bad command line or config (unknown config, bad --set); nothing written
 EXIT_PREFLIGHT = 3  # env missing/incomplete, a preflight check failed, run dir not writable
+EXIT_BUSY = 73  # EX_CANTCREAT: another live bin/train holds the run dir (launcher/ownership.py)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; resume me
 EXIT_CODES: dict[str, int | None] = {
     RUNNING: None,  # an attempt in progress has no exit code yet
@@ -127,15 +129,29 @@ class RankStatus:
     diverged: dict[str, Any] | None = None  # Diverged: the run stopped on non-finite values
 
 
+# The phases rank 0 reports in progress.json (the stall detector's limit follows them; no file: start-up)
+FIRST_STEP = "first step"  # the attempt's first step: it compiles
+STEP = "step"
+SAVE = "save"
+EVALUATION = "evaluation"
+PHASES = (FIRST_STEP, STEP, SAVE, EVALUATION)
+
+
 @dataclass
 class Progress:
-    """progress.json: rank 0's view after every step (what a launcher reports if rank 0 dies)."""
+    """progress.json: rank 0's view after every step (what a launcher reports if rank 0 dies), and the
+    phase it is in: FIRST_STEP before the attempt's first step, STEP after each step, SAVE and EVALUATION
+    around those, with `expect_s` the rank's own prediction of the phase's length (None: nothing measured
+    yet) and `phase_time` its time.time() at the phase's start."""
 
     first_step: int | None = None
     last_step: int | None = None
     final_losses: dict[str, float] | None = None
     resumed_from: int | None = None
     last_complete_checkpoint: dict[str, Any] | None = None
+    phase: str | None = None
+    phase_time: float | None = None
+    expect_s: float | None = None
 
 
 @dataclass

@@ -33,6 +33,17 @@ PARITY_SETUP = (
     "$LINGBOT_PARITY_DIR, then `PYTHONPATH=. $LINGBOT_PARITY_DIR/venv/bin/python "
     "tests/support/reference_golden.py DIR` and set LINGBOT_GOLDEN_DIR=DIR"
 )
+# the fixture's provenance: what anyone reruns to get the same numbers (no folder of one machine)
+PROVENANCE = {
+    "upstream": "https://github.com/hewu2008/lingbot-va",
+    "commit": "58c2ae5",
+    "what": "wan_va/modules/model.py (forward_train's bf16 input casts made fp32) + train.py "
+    "Trainer.compute_loss, masks from its own mask_mods evaluated densely for SDPA",
+    "setup": "docs/model.md 'Parity with the upstream reference' (the upstream install at "
+    "$LINGBOT_PARITY_DIR)",
+    "command": 'PYTHONPATH=. "$LINGBOT_PARITY_DIR/venv/bin/python" tests/support/reference_golden.py DIR && '
+    "LINGBOT_GOLDEN_DIR=DIR .venv/bin/python -m tests.support.golden",
+}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE_TENSORS = FIXTURES / "golden_parity.safetensors"
 FIXTURE_JSON = FIXTURES / "golden_parity.json"
@@ -173,7 +184,7 @@ def write_fixture(golden: Path | None = GOLDEN) -> None:
             {
                 "about": "golden values of the upstream LingBot-VA (58c2ae5) forward_train + compute_loss, "
                 "fp32, CPU, SDPA, tiny seeded model; weights and batches re-saved by tests/support/golden.py",
-                "reference": summary.get("reference"),
+                "reference": PROVENANCE,
                 "reference_torch": summary.get("torch"),
                 "reference_diffusers": summary.get("diffusers"),
                 "config_json": {k: v for k, v in config.items() if not k.startswith("_")},

@@ -1,7 +1,8 @@
 """Tiny training runs for the end-to-end tests: the one place for what test_resume, test_two_nodes,
 test_slurm, test_diskspace/test_quota (through diskfull) and test_train_json share.
 
-tiny(...)          the `--set` list of a tiny run (a 48-wide, 2-deep model on 4 generated episodes).
+tiny(...)          the `--set` list of a tiny run (a 48-wide, 2-deep model on 4 generated episodes; a
+                   600 s step stall limit: tests park ranks in a step for as long as they need).
 clean_env(no_envs) a launch environment: no provisioned env (CONDA_ENVS_PATH an empty dir), no
                    LINGBOT_/SLURM_/CONDA_PREFIX/MASTER_* variables, OMP_NUM_THREADS=1.
 launch / finish    `python -m trainer.launcher` (what bin/train execs) as a Popen; its exit and output.
@@ -46,6 +47,9 @@ def tiny(
         "data.frames=4", "data.generated_episodes=4", "data.generated_length=20", "data.val_episodes=1",
         f"train.grad_accum={grad_accum}", f"train.steps={steps}", f"train.warmup_steps={min(2, steps - 1)}",
         f"checkpoint.every={min(2, steps)}",
+        # these runs park ranks inside a step (the pause hook) for as long as a test needs: a plain step's
+        # stall limit above that (the default floor, 60 s, is for real steps; test_hang sets its own)
+        "hang.floor_s=600",
     ]  # fmt: skip
     if keep is not None:
         out.append(f"checkpoint.keep={keep}")

@@ -39,7 +39,7 @@ from provision.atomic import write_atomic
 # envcheck 442 s, slurm 441 s, validate 320 s, resume 224 s, diskspace 138 s; all modules 3196 s.
 FIRST = (
     "tests/test_slurm.py",  # 16 scenarios at once on one cluster
-    "tests/test_hang.py",  # mostly waiting on 40 s hang limits
+    "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
     "tests/test_validate.py",
     "tests/test_envcheck.py",  # the worker simulation's full --worker compiles
     "tests/test_resume.py",

@@ -240,11 +240,14 @@ RULES: dict[str, Rule | Free] = {
     "hang.step_factor": Rule(">= 2 (a multiple of the median step time)", lambda v, c: v >= 2, "1"),
     "hang.floor_s": POSITIVE,
     "hang.start_s": POSITIVE,
+    "hang.phase_s": POSITIVE,
     "hang.warm_up_steps": NON_NEGATIVE,
+    # The backend's timeout bounds every phase, not only a step: the other ranks wait in a collective
+    # while one saves or evaluates, so a save or an evaluation longer than it fails in the backend.
     "hang.collective_timeout_s": Rule(
-        "longer than max(hang.floor_s, hang.start_s) / 0.9, so that the stall detector speaks before the "
-        "backend's timeout (raise it or lower those)",
-        lambda v, c: v * 0.9 > max(c.hang.floor_s, c.hang.start_s),
+        "longer than max(hang.floor_s, hang.start_s, hang.phase_s) / 0.9, so that the stall detector speaks "
+        "before the backend's timeout (raise it or lower those)",
+        lambda v, c: v * 0.9 > max(c.hang.floor_s, c.hang.start_s, c.hang.phase_s),
         "60",
     ),
     # infer (trainer/inference/: the reference's sampling settings)

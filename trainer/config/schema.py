@@ -184,17 +184,17 @@ class LogConfig:
 class HangConfig:
     """The launcher's stall detector (trainer/launcher/stall.py) and the backend's collective timeout.
 
-    No rank completing a step for `limit` seconds is a hang, where limit = step_factor x the median step
-    time after warm_up_steps, at least floor_s (which must cover a checkpoint save, the first compiled
-    step and an evaluation), at most 0.9 x collective_timeout_s: the launcher speaks first, the backend's
-    timeout is the backstop. Before an attempt's first step the limit is start_s, from torchrun's start
-    (the ranks' start-up: imports, the model, resume, the dataset, the first compiled step).
+    The limit follows rank 0's phase (progress.json): start-up and the first compiled step, start_s from
+    torchrun's start; a step, step_factor x the median step (after warm_up_steps), at least floor_s; a save
+    or an evaluation, step_factor x its predicted length (bytes / the write speed seen; its last time), at
+    least phase_s. Every limit is at most 0.9 x collective_timeout_s.
     """
 
     policy: str = "auto"  # auto: requeue under Slurm, fail elsewhere | fail | requeue
     step_factor: float = 10.0
-    floor_s: float = 900.0
+    floor_s: float = 60.0  # a plain step's jitter (GC, a slow read, a write to a network filesystem)
     start_s: float = 1500.0
+    phase_s: float = 300.0  # a save's or an evaluation's floor: a network filesystem's stall
     warm_up_steps: int = 1  # steps of each attempt left out of the median (the first one compiles)
     collective_timeout_s: float = 1800.0  # init_process_group(timeout=): gloo's waits, NCCL's watchdog
 

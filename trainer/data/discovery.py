@@ -105,6 +105,7 @@ class DatasetSummary:
     split: dict | None = (
         None  # the held-out split (trainer/data/split.py split_record), None without episodes
     )
+    short: dict | None = None  # episodes shorter than one clip (trainer/data/short.py), None: none
 
     @classmethod
     def of(cls, discovery: Discovery, used: int, skipped: list[tuple[Path, str]], **fields) -> DatasetSummary:
@@ -134,11 +135,12 @@ class DatasetSummary:
             "cameras": self.cameras,
             "cache": self.cache,
             "split": self.split,
+            "short": self.short,
         }
 
     def describe(self) -> str:
         why = ", ".join(f"{n} {reason}" for reason, n in self.skipped.items()) or "none"
         return (
             f"data: {self.root} ({self.layout}): {self.found} found, {self.used} used, "
-            f"{self.found - self.used} skipped ({why})"
+            f"{self.found - self.used} skipped ({why})" + (f"; {self.short['line']}" if self.short else "")
         )

@@ -17,8 +17,7 @@ Views are encoded separately and concatenated along the latent width in data.cam
 reference concatenates `obs_cam_keys` (`_cat_video_latents`, env_type none).
 
 No hidden state: micro-batch (step, micro) on `rank` is a pure function of (seed, step, micro, rank), so
-resuming at step N needs only N. Sample order: the global sample counter
-    g = ((step * grad_accum + micro) * world_size + rank) * batch_size + b
+resuming at step N needs only N. Sample order: g = ((step * grad_accum + micro) * world_size + rank) * B + b
 walks an epoch permutation of all clips (torch.randperm seeded by (seed, epoch)); ranks take
 neighbouring counters, so within a step they never share a clip, and epochs follow each other. Every
 random draw of the recipe is made by one call per micro-batch (recipe/draws.py draw_micro_batch) from a
@@ -45,8 +44,9 @@ from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
 from trainer.data.location import resolve_data_path
 from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
+from trainer.data.short import short_episodes, split_with_short
 from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
-from trainer.data.split import SplitError, split_record
+from trainer.data.split import SplitError
 from trainer.model.masks import SequenceShape, sequence_shape
 from trainer.recipe.batch import ACTION_SLOTS, CleanBatch
 from trainer.recipe.draws import EmptyText, draw_micro_batch
@@ -290,9 +290,10 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         text = {k: z[k] for k in z.files}
     if "task_emb" in text:  # a LeRobot dataset: the prompt per episode (its task)
         text["episode_task"] = np.array(tasks, np.int64)
-    spec = manifest["spec"]
+    spec, short = manifest["spec"], short_episodes(cfg, manifest, found.root)
     summary = DatasetSummary.of(
         found,
+        short=short,
         used=len(latents),
         skipped=skipped,
         notes=dict(notes),
@@ -302,9 +303,9 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         cameras=cams,
         cache=str(directory),
     )
-    split = split_record(names, cfg.data.val_episodes) if names else None
+    log(summary.describe())  # before the split: a split that fails still shows what was found
+    split = split_with_short(names, cfg.data.val_episodes, short) if names else None
     summary = dataclasses.replace(summary, split=split)
-    log(summary.describe())
     if split is not None and split["held_out"]:
         log(
             f"data: {len(split['held_out'])} of {len(names)} episodes held out, never trained on "

@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "Train CONFIG on NPROC ranks per node with torchrun; auto-resumes, survives preemption."
         ),
         epilog=(
-            "exit codes: 0 done, 1 failed, 2 bad usage/config, 3 preflight failed, 75 preempted (resume me)"
+            "exit codes: 0 done, 1 failed, 2 bad usage/config, 3 preflight failed, "
+            "73 run dir in use by another bin/train, 75 preempted (resume me)"
         ),
     )
     parser.add_argument("config", help="a config name from trainer/config/presets/ (e.g. furniture_train)")

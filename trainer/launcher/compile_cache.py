@@ -33,7 +33,8 @@ to its final name (link fails if the name exists: no clobber), falling back to a
 check where the filesystem has no hard links. Caches are content-addressed, so an entry two jobs both
 publish is the same entry: the first one wins, the second is dropped. Lock files and writers' temporary
 files are never copied. (provision/atomic.py's write_atomic replaces its target by design; publishing
-must not, hence the link-based helper here.)
+must not, hence the link-based helper here.) The local copy records its launcher (trainer/launcher/
+tempdirs.py): a launcher killed with SIGKILL cannot remove it, the next launch on the node does.
 """
 
 from __future__ import annotations
@@ -192,10 +193,13 @@ def localise_compile_caches(
     """Seed a node-local copy of each persistent cache and point `env` at it; returns notes to print.
     The copy is this launcher's own (two launchers of one job on one host never share it)."""
     from provision.nodeinfo import filesystem_type, is_network_fs
+    from trainer.launcher.tempdirs import mark_launcher_dir
 
     notes = []
     kind = gpu_kind or (env.get("LINGBOT_GPU_KIND") or detected_gpu_kind())
     local_root = scratch / f"lingbot-{job}-{os.getpid()}-compile"
+    local_root.mkdir(parents=True, exist_ok=True)
+    mark_launcher_dir(local_root)  # a later launch removes it if this launcher dies (tempdirs.py)
     env[LOCAL_ROOT] = str(local_root)
     for var, shared in persistent_dirs(env, env_name, kind).items():
         local = local_root / var.lower() if var != PCH else inductor_header_dir(local_root / "tmp")

@@ -9,6 +9,7 @@ Exit codes (also in summary.json as exit_code):
      2  bad command line or config (unknown config, bad --set): nothing is written
      3  preflight failed (env missing or incomplete, a check failed, run dir not writable, checkpoint
         incompatible with the config): no rank started, no checkpoint touched
+    73  the run dir is held by another live bin/train (RUN_DIR/owner.json names it): nothing written
     75  stopped by a signal (SIGUSR1/SIGTERM/SIGINT/SIGHUP): a checkpoint was saved (or, before any
         rank started, nothing was trained); run the same command again to resume. Under Slurm, node 0
         requeues the job after SIGUSR1 only (the time-limit warning, `scancel --batch --signal=USR1`);
@@ -61,6 +62,7 @@ from trainer.launcher.console import say
 from trainer.launcher.envchoice import DEFAULT_ENV, gpu_count, job_environment, resolve_env
 from trainer.launcher.errors import PreflightError, StopBeforeStart
 from trainer.launcher.inputs import inputs_check
+from trainer.launcher.ownership import claim_run_dir
 from trainer.launcher.plancmd import show_plan
 from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, space_check
 from trainer.launcher.rendezvous import rendezvous
@@ -75,6 +77,7 @@ from trainer.launcher.summaries import (
     write_final_summary,
     write_running_summary,
 )
+from trainer.launcher.tempdirs import clean_stale_temp_dirs
 from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10
@@ -144,6 +147,8 @@ def _launch(argv: list[str], known: Known) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if known.owner is not None:  # after the verdict (and an early stop's summary) is written
+            known.owner.release()
 
 
 def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, PretrainedError | None]:
@@ -188,6 +193,11 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
         say(f"--cpu-scale: running the cpu_scale variant of {config_file}")
     run_dir = (args.run_dir or default_run_dir(args.config)).absolute()
     known.run_dir, known.cfg = run_dir, cfg
+    refused = claim_run_dir(run_dir, args.node_rank, environ, known)  # before anything is written there
+    if refused is not None:
+        return refused
+    for note in clean_stale_temp_dirs(environ):  # a killed launcher's node-local compile copy
+        say(note)
 
     damaged = _quarantine(run_dir, args, environ)
     # A finished run stays finished: say so, train nothing.

@@ -18,6 +18,7 @@ class Known:
     run_dir: Path | None = None
     cfg: RunConfig | None = None
     report: dict[str, Any] | None = None  # the --json object's body where summary.json does not apply
+    owner: Any = None  # trainer.launcher.ownership.Ownership while this launcher holds the run dir
 
 
 @dataclass

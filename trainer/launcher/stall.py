@@ -5,11 +5,17 @@ every rank at its collective, so one writer speaks for all) while it waits for t
 has completed for longer than the limit, it says one line, records every local rank's Python stacks and
 ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
 
-The limit (config `hang`, trainer/config/schema.py HangConfig): step_factor x the median step time of this
-attempt after its first warm_up_steps steps, at least floor_s, at most 0.9 x collective_timeout_s (the
-backend's own timeout is the backstop and must come later). Before the attempt's first step the limit
-is start_s, counted from torchrun's start: the ranks' start-up (imports, model, resume, dataset) and the
-first compiled step.
+The limit (config `hang`, trainer/config.py HangConfig) follows the phase rank 0 reports in
+progress.json (trainer/loop/phases.py), counted from the phase's start: start-up (no progress.json yet) and
+the first compiled step, start_s; a step, step_factor x the median step time of this attempt after its
+first warm_up_steps steps (before that, the first compiled step's time), at least floor_s; a save or
+an evaluation, step_factor x the length rank 0 predicts from this attempt's measurements, at least
+phase_s (an I/O phase's own floor: a network filesystem can stall for minutes without anything hung).
+Always at most 0.9 x collective_timeout_s (the backend's own timeout is the backstop and must come later).
+
+When the attempt has stalled but every rank recorded `completed` and the last step's checkpoint is
+complete, it is not a hang: torchrun (or what is left of the ranks' teardown) did not exit. The launcher
+ends it, names it in one line, and the verdict is the work's: completed.
 
 Stacks: py-spy (`py-spy dump --nonblocking`), not a faulthandler signal the ranks register: a rank
 that is stopped (SIGSTOP, a frozen node, a process stuck in the kernel) cannot run a signal handler,
@@ -34,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from provision.atomic import write_atomic
-from trainer.attempt import Attempt, Hung, record_hang
+from trainer.attempt import COMPLETED, EVALUATION, FIRST_STEP, SAVE, Attempt, Hung, Progress, record_hang
 from trainer.config import HangConfig
 
 POLL_S = 0.5  # how often the launcher looks at progress.json while torchrun runs
@@ -56,40 +62,66 @@ def duration(seconds: float) -> str:
 
 @dataclass
 class StallClock:
-    """Completed steps as the launcher observes them, and the limit they imply."""
+    """Completed steps and rank 0's phase as the launcher observes them, and the limit they imply."""
 
     cfg: HangConfig
     started: float  # monotonic: torchrun's start
     last_step: int | None = None
-    last_change: float = 0.0
+    last_change: float = 0.0  # the last step or phase change seen: the stall is counted from it
+    last_step_at: float = 0.0
     first_step: int | None = None
     step_times: list[float] = field(default_factory=list)  # seconds per step, after warm-up
+    phase: str | None = None  # None: start-up (no progress.json yet)
+    expect_s: float | None = None  # rank 0's prediction of the phase's length
+    phase_key: tuple[object, ...] = ()
+    first_step_s: float | None = None  # the attempt's first (compiled) step, from its phase's start
 
     def __post_init__(self) -> None:
-        self.last_change = self.started
+        self.last_change = self.last_step_at = self.started
 
-    def observe(self, step: int | None, now: float) -> None:
-        """Feed the last completed step read from progress.json at monotonic time `now`."""
+    def observe(
+        self, step: int | None, now: float, phase: str | None = None, phase_time: float | None = None,
+        expect_s: float | None = None,
+    ) -> None:  # fmt: skip
+        """Feed progress.json's last completed step (and its phase) read at monotonic time `now`."""
+        key, since = (phase, phase_time), self.last_change
+        if phase is not None and key != self.phase_key:
+            self.phase, self.expect_s, self.phase_key, self.last_change = phase, expect_s, key, now
         if step is None or step == self.last_step:
             return
         if self.last_step is not None and step > self.last_step and self.first_step is not None:
             done = step - self.first_step  # steps completed in this attempt, this one included
             if done > self.cfg.warm_up_steps:
-                per_step = (now - self.last_change) / (step - self.last_step)
+                per_step = (now - self.last_step_at) / (step - self.last_step)
                 self.step_times.extend([per_step] * min(step - self.last_step, 8))
         if self.first_step is None:
-            self.first_step = step
-        self.last_step, self.last_change = step, now
+            self.first_step, self.first_step_s = step, now - since
+        self.last_step, self.last_step_at, self.last_change = step, now, now
 
     def median(self) -> float | None:
         return statistics.median(self.step_times) if self.step_times else None
 
+    def phase_name(self) -> str:
+        if self.phase in (SAVE, EVALUATION, FIRST_STEP):
+            return self.phase
+        return "start-up" if self.last_step is None else "step"
+
     def limit(self) -> float:
-        if self.last_step is None:  # no step yet in this attempt: the start-up limit
-            return min(self.cfg.start_s, CEILING * self.cfg.collective_timeout_s)
-        median = self.median()
-        derived = self.cfg.step_factor * median if median is not None else 0.0
-        return min(max(self.cfg.floor_s, derived), CEILING * self.cfg.collective_timeout_s)
+        """start-up and the first compiled step: start_s; a save or an evaluation: step_factor x its
+        predicted length, at least phase_s (a filesystem's stall is not a hang); a step: step_factor x the
+        median step, at least floor_s (during the warm-up steps, the first compiled step's time stands
+        for the median). At most 0.9 x the backend's."""
+        cfg, name = self.cfg, self.phase_name()
+        if name in ("start-up", FIRST_STEP):
+            own = cfg.start_s
+        elif name in (SAVE, EVALUATION):
+            own = max(cfg.phase_s, cfg.step_factor * (self.expect_s or 0.0))
+        else:
+            median = self.median()
+            if median is None and self.first_step_s is not None:  # warm-up: the compiled step's time
+                median = self.first_step_s
+            own = max(cfg.floor_s, cfg.step_factor * median) if median is not None else cfg.start_s
+        return min(own, CEILING * cfg.collective_timeout_s)
 
     def stalled_for(self, now: float) -> float:
         return now - self.last_change
@@ -184,12 +216,33 @@ class StallDetector:
         )
         self.clock = StallClock(cfg, started=time.monotonic())
 
-    def check(self, torchrun_pid: int) -> Hung | None:
+    def check(self, torchrun_pid: int) -> Hung | str | None:
+        """None while the attempt moves; a Hung record once it stalled; a line (str) when every rank
+        reported completion and the last checkpoint is complete, yet torchrun did not exit."""
         now = time.monotonic()
-        self.clock.observe(self.attempt.read_progress().last_step, now)
+        progress = self.attempt.read_progress()
+        self.clock.observe(progress.last_step, now, progress.phase, progress.phase_time, progress.expect_s)
         if not self.clock.stalled(now):
             return None
-        return self.fire(torchrun_pid, now)
+        lingered = self.finished_line(progress)
+        return lingered if lingered is not None else self.fire(torchrun_pid, now)
+
+    def finished_line(self, progress: Progress) -> str | None:
+        records = [self.attempt.read_rank(r) for r in range(self.world_size)]
+        if not all(r is not None and r.status == COMPLETED for r in records) or progress.last_step is None:
+            return None
+        from trainer.checkpoint.checkpointer import (
+            scan,  # the checkpoint on disk (an asynchronous save commits late)
+        )
+
+        complete, _ = scan(self.attempt.dir.parent.parent / "checkpoints")
+        if not complete or complete[-1].step != progress.last_step:
+            return None
+        return (
+            f"torchrun did not exit {duration(self.clock.stalled_for(time.monotonic()))} after every rank "
+            f"reported completion (step {progress.last_step}, checkpoint {complete[-1].path} complete): "
+            "ended it; the work is done"
+        )
 
     def fire(self, torchrun_pid: int, now: float) -> Hung:
         clock = self.clock
@@ -203,6 +256,11 @@ class StallDetector:
                 f" (median step {duration(median)})"
                 if median is not None
                 else f" (limit {duration(clock.limit())})"
+            )
+            + (
+                f" during the {clock.phase_name()} (limit {duration(clock.limit())})"
+                if clock.phase_name() != "step"
+                else ""
             )
             + f": ranks {', '.join(map(str, ranks))} silent since {since}"
         )

@@ -97,6 +97,7 @@ class Torchrun:
         self.log = log  # every line of torchrun's stderr; the terminal gets it without tracebacks
         self.detector = detector  # the stall detector (trainer/launcher/stall.py), polled while we wait
         self.hung: Hung | None = None  # what it saw, once it ended the attempt
+        self.lingered: str | None = None  # the line, when torchrun outlived every rank's completion
         self.quiet = False  # after a hang: the dying ranks' output goes to the log only, not the terminal
         self.signals: list[str] = []
         self.stderr_tail: deque[str] = deque(maxlen=400)
@@ -206,12 +207,17 @@ class Torchrun:
         assert self.proc is not None
         while True:
             try:
-                return self.proc.wait(timeout=POLL_S if self.detector and not self.hung else None)
+                watching = self.detector and not self.hung and not self.lingered
+                return self.proc.wait(timeout=POLL_S if watching else None)
             except subprocess.TimeoutExpired:
                 pass
             assert self.detector is not None
             hung = self.detector.check(self.proc.pid)
-            if hung is not None:
+            if isinstance(hung, str):  # every rank completed; torchrun lingers: end it, the work is done
+                self.lingered, self.quiet = hung, True
+                say(hung)
+                kill_tree(self.proc.pid)
+            elif hung is not None:
                 self.hung, self.quiet = hung, True
                 say(hung.line)
                 files = ", ".join(hung.stack_files.values()) or "none (no rank process)"
@@ -225,7 +231,7 @@ class Torchrun:
         for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
             signal.signal(sig, _too_late)
         self._pump.join(timeout=10)
-        if rc < 0 and not self.stopped_before_ranks and not self.hung:
+        if rc < 0 and not self.stopped_before_ranks and not self.hung and not self.lingered:
             how = _signal_name(-rc)
             self.killed_note = (
                 f"torchrun (pid {self.proc.pid}) was killed by {how} while its ranks ran"

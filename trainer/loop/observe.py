@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.attempt import PREEMPTED, Attempt, Progress, Summary, checkpoint_json
+from trainer.attempt import PREEMPTED, STEP, Attempt, Progress, Summary, checkpoint_json
 from trainer.checkpoint.best import best_json
 from trainer.checkpoint.checkpointer import scan
 from trainer.checkpoint.diskspace import OutOfSpace, guard
@@ -77,6 +77,8 @@ def record_step(rig: Rig, obs: Observers, state: LoopState, out: StepOutput, sta
             final_losses=state.losses,
             resumed_from=rig.resumed.step if rig.resumed else None,
             last_complete_checkpoint=checkpoint_json(state.last_ckpt),
+            phase=STEP,
+            phase_time=time.time(),
         )
         try:
             with guard(obs.attempt.dir, "progress write", needed=len(str(progress)) + 64):

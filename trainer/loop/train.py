@@ -42,9 +42,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from trainer import testhooks
 from trainer.attempt import (
     COMPLETED,
+    EVALUATION,
     FAILED,
+    FIRST_STEP,
     PREEMPTED,
     RUNNING,
+    SAVE,
     Attempt,
     RankStatus,
     checkpoint_json,
@@ -60,6 +63,7 @@ from trainer.data import build_stream
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.loop.metrics import Metrics
 from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step
+from trainer.loop.phases import Phases
 from trainer.loop.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.loop.rank import (
     StopRequest,
@@ -216,18 +220,19 @@ def _agree(rig: Rig, stop: StopRequest, state: LoopState, out: StepOutput) -> bo
     return state.action == APPLY
 
 
-def _save(rig: Rig, stop: StopRequest, state: LoopState) -> None:
+def _save(rig: Rig, stop: StopRequest, state: LoopState, phases: Phases) -> None:
     """Maybe evaluate and save (the Checkpointer decides); a save refused for a non-finite tensor on any
-    rank stops the run as diverged."""
+    rank stops the run as diverged. Each is a phase the stall detector knows (trainer/loop/phases.py)."""
     ckpt, step = rig.checkpointer, state.step
     if not ckpt.due(step, state.stopping):
         return
     validation = None
     if not (state.stopping and step < rig.cfg.train.steps):  # not when preempted: save and go
-        validation = evaluate(rig, step)  # collective; recorded in the checkpoint (checkpoint.best_by)
+        with phases.during(EVALUATION):  # collective; recorded in the checkpoint (checkpoint.best_by)
+            validation = evaluate(rig, step)
         state.validation = validation or state.validation
     try:
-        with rig.breakdown.phase("checkpoint"):
+        with rig.breakdown.phase("checkpoint"), phases.during(SAVE, ckpt.estimate):
             state.stopping = ckpt.save_due(
                 step,
                 rig.model,
@@ -258,6 +263,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
     state.policy = NonfinitePolicy(cfg.train.nonfinite, cfg.train.nonfinite_max_skips)
     state.spikes = SpikeWatch(cfg.train.grad_spike_factor)
     agree = functools.partial(_agree, rig, stop, state)
+    phases = Phases(obs.attempt, rig.rank)
+    phases.enter(FIRST_STEP)  # the attempt's first step compiles: the stall detector's long limit
     for step in range(rig.start_step + 1, cfg.train.steps + 1):
         state.step = step
         obs.profiler.begin(step)
@@ -265,7 +272,7 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
         rig.breakdown.start_step()
         out = train_step(rig, step, functools.partial(pause_point, "step", step, rig.rank), agree)
         if state.action != STOP:  # no checkpoint (and no evaluation) from a diverged state
-            _save(rig, stop, state)
+            _save(rig, stop, state, phases)
         record_step(rig, obs, state, out, step_started)
         obs.profiler.step(step)
         if state.action == STOP:
