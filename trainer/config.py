@@ -23,6 +23,7 @@ __all__ = ["CONFIG_DIR", "DATASETS", "ConfigError", "RunConfig", "load_config", 
 # the config file's path, or the path + CPU_SCALE_MARK for its cpu_scale block (not the user's choice).
 CPU_SCALE_MARK = " (cpu_scale)"
 SET = "--set"
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass
@@ -54,7 +55,9 @@ class ModelConfig:
     pretrained: str = ""  # a released folder (or its transformer/) or a reference checkpoint_step_N/
     attn_block: int = 128  # FlexAttention block size; each token group is padded to a multiple
     attention: str = "auto"  # auto | flex | sdpa  (auto: flex on GPU, sdpa on CPU)
-    activation_checkpointing: bool = False
+    # per block (trainer/perf.py): none | full | op (op-level selective: matmul and attention outputs
+    # saved, the rest recomputed) | block:K (every K-th block) | auto (the plan's fastest that fits)
+    activation_checkpointing: str = "none"  # true = full, false = none
 
 
 @dataclass
@@ -133,10 +136,12 @@ class TrainConfig:
     keep_params_gathered: bool = True  # no re-all-gather between micro-steps (FSDP2 reshard_after_* False)
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
-    # torch.compile each transformer block (Inductor: C++ on CPU, Triton on GPU); a train.* key, not
-    # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
-    # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
-    compile: bool = False
+    # Speed options (trainer/perf.py, docs/performance.md); none changes the maths, a checkpoint resumes
+    # across them. compile: torch.compile each block (auto: on CUDA, off on CPU) | true | false.
+    compile: str = "auto"
+    data_path: str = "auto"  # auto (prefetch on CUDA, inline on CPU) | inline | prefetch (a thread)
+    optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach on CPU) | fused | foreach
+    fsdp_prefetch: int = 0  # 0: FSDP2's implicit prefetch | N: explicitly prefetch the next N blocks
     # A NaN/Inf loss or grad_norm (trainer/divergence.py): stop ends the run at that step (no update, no
     # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and
     # stops the same way after more than nonfinite_max_skips such steps in a row.
@@ -252,17 +257,8 @@ def _coerce(value, annotation, key: str, source: str = ""):
         if annotation is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.lower() in (
-                "true",
-                "1",
-                "yes",
-                "on",
-                "false",
-                "0",
-                "no",
-                "off",
-            ):
-                return value.lower() in ("true", "1", "yes", "on")
+            if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+                return value.lower() in _TRUE
             raise ValueError
         if annotation is int:
             if isinstance(value, bool):
@@ -275,7 +271,9 @@ def _coerce(value, annotation, key: str, source: str = ""):
                 raise ValueError
             return float(value)
         if annotation is str:
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
+            if isinstance(value, bool):  # true/false of a str option that also takes words (compile)
+                return str(value).lower()
+            if not isinstance(value, str | int | float):
                 raise ValueError
             return str(value)
         if origin is list or annotation is list:

@@ -56,12 +56,14 @@ from trainer.checkpoint import Checkpointer, NonFiniteState, PeerStopped, scan
 from trainer.checkpoint_size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.data import build_stream
+from trainer.data.prefetch import Prefetcher
 from trainer.diskspace import find_out_of_space, guard
 from trainer.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.metrics import Metrics
 from trainer.observe import Observers, final_summary, held_out_lines, record_step
 from trainer.outcomes import Diverged
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
+from trainer.perf import adamw_impl, prefetch_data
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.rank import (
     StopRequest,
@@ -110,12 +112,14 @@ def build(
         betas=(cfg.train.betas[0], cfg.train.betas[1]),
         eps=cfg.train.adam_eps,
         weight_decay=cfg.train.weight_decay,
-        fused=device.type == "cuda",
+        **adamw_impl(cfg, device),  # train.optimizer: auto = fused on CUDA, foreach on CPU
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     failure = None
     try:
         stream = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops here)
+        if prefetch_data(cfg, device):  # train.data_path: the next micro-batch prepared in a thread
+            stream = Prefetcher(stream, cfg.train.grad_accum, pin=device.type == "cuda")
     except Exception as exc:
         failure = find_out_of_space(exc, "latent cache", cfg.data.path)
         if failure is None:
@@ -284,6 +288,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
     obs.profiler.close()
     obs.utilisation.close()
     rig.checkpointer.finish()  # an asynchronous save still in flight is committed before the rank reports
+    if isinstance(rig.stream, Prefetcher):
+        rig.stream.close()
     state.last_ckpt = rig.checkpointer.last_committed
     agree_on_failure(state.failure, rig.device)  # a write that failed after the last step's agreement
     return state
