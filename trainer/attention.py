@@ -120,7 +120,11 @@ class FlexBackend:
 
         if self.compiled and not torch.compiler.is_compiling():
             return _compiled_flex_attention()(q, k, v, block_mask=mask)
-        # inside a compiled block (train.compile) flex_attention is traced into the block's own graph
+        # Inside a compiled block (train.compile) flex_attention is traced into the block's own graph.
+        # Contiguous inputs there: Inductor writes the RoPE kernel's output straight in this layout (no
+        # extra pass), and its CPU flex template cannot read a view of a concatenation (torch 2.13).
+        if torch.compiler.is_compiling():
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
         return flex_attention(q, k, v, block_mask=mask)
 

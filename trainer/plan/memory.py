@@ -49,10 +49,17 @@ CATEGORIES = {  # FSDPMemTracker's reference types -> the plan's names
 
 
 def target_config(cfg, target: str):
-    """A copy of cfg as it runs on `target` ("cpu" or "cuda"): mixed precision resolved."""
+    """A copy of cfg as it runs on `target` ("cpu" or "cuda"): mixed precision, train.compile and (but
+    auto on a GPU, which the plan resolves per kind: trainer/plan/choices.py) activation checkpointing
+    resolved."""
+    from trainer.perf import compile_blocks, parse_ac
+
     cfg = copy.deepcopy(cfg)
     if cfg.train.mixed_precision == "auto":
         cfg.train.mixed_precision = "bf16" if target == "cuda" else "fp32"
+    cfg.train.compile = "true" if compile_blocks(cfg, target) else "false"  # resolved: the step predicts it
+    if cfg.model.activation_checkpointing != "auto" or target != "cuda":
+        cfg.model.activation_checkpointing = parse_ac(cfg.model.activation_checkpointing, target).name
     return cfg
 
 
@@ -186,6 +193,8 @@ def _trace_once(cfg, world_size: int, target: str) -> dict[str, int]:
         raise RuntimeError(
             f"a process group of {dist.get_world_size()} ranks exists; the plan needs {world_size}"
         )
+    cfg = copy.deepcopy(cfg)
+    cfg.train.compile = "false"  # traced eager: no compile under FakeTensorMode (memory as eager's)
     try:
         with torch.device("meta"):
             world = WorldModel(cfg)
