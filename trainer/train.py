@@ -34,6 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,7 +118,7 @@ def build(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     failure = None
     try:
-        stream = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops here)
+        stream: Any = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops)
         if prefetch_data(cfg, device):  # train.data_path: the next micro-batch prepared in a thread
             stream = Prefetcher(stream, cfg.train.grad_accum, pin=device.type == "cuda")
     except Exception as exc:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from trainer.plan.gpus import GpuKind
 
@@ -46,7 +47,7 @@ HBM_BYTES_PER_S = {
 }
 
 # The one measured GPU run the fitted constants come from (bench/results/2026-12-04-gpu-check.md)
-REFERENCE = {
+REFERENCE: dict[str, Any] = {
     "kind": "H200", "depth": 4, "grad_accum": 2, "tokens": 4224, "step_s": 0.2637,
     "forward_backward_s": (0.1039 + 0.1037 + 0.0886 + 0.1023) / 2,  # steps 2-3: forward + backward
     "data_s": (0.0436 + 0.0404) / 2, "optimizer_s": (0.0152 + 0.0148) / 2, "h2d_s": (0.0067 + 0.0059) / 2,
@@ -121,7 +122,7 @@ def _keys(shape, batch_size: int, chunk: int, window: int) -> float:
     return mask_density(shape, batch_size, chunk, window)
 
 
-def _nonblock_s(kind: GpuKind, tokens: int) -> float:
+def _nonblock_s(kind: GpuKind, tokens: float) -> float:
     ref_hbm = HBM_BYTES_PER_S[REFERENCE["kind"]]
     return fitted()["nonblock_s"] * tokens / REFERENCE["tokens"] * ref_hbm / HBM_BYTES_PER_S[kind.name]
 
