@@ -25,7 +25,10 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
+from trainer.plan.accounting import _param_counts, comm_bytes
 from trainer.plan.gpus import INTER_NODE_BYTES_PER_S, INTER_NODE_LINK, GpuKind
+
+__all__ = ["KindPlan", "Plan", "_param_counts", "comm_bytes", "kind_plan", "make_plan"]
 
 
 @dataclass
@@ -81,43 +84,10 @@ class Plan:
         return asdict(self)
 
 
-def _param_counts(cfg) -> tuple[int, int, int, int, float]:
-    """(all parameters, trained, in blocks, trained in blocks, flops per token) of cfg's model (meta)."""
-    import torch
-
-    from trainer.model import WorldModel
-
-    with torch.device("meta"):
-        model = WorldModel(cfg)
-    params = list(model.parameters())
-    blocks = list(model.blocks.parameters())
-    return (
-        sum(p.numel() for p in params),
-        sum(p.numel() for p in params if p.requires_grad),
-        sum(p.numel() for p in blocks),
-        sum(p.numel() for p in blocks if p.requires_grad),
-        model.flops_per_token(),
-    )
-
-
 def tokens_per_micro_batch(cfg) -> int:
     from trainer.masks import sequence_shape
 
     return sequence_shape(cfg).tokens(cfg.train.batch_size)
-
-
-def comm_bytes(cfg, counts, world_size: int, param_bytes: int) -> tuple[int, int, float]:
-    """(all-gathered bytes, reduce-scattered bytes, wire bytes per rank) of one step (module docstring)."""
-    total, trained, in_blocks, _, _ = counts
-    t, ga = cfg.train, cfg.train.grad_accum
-    root = total - in_blocks
-    block_passes = 1 if t.keep_params_gathered else 2 * ga
-    root_passes = 1 if t.keep_params_gathered else ga
-    gathered = param_bytes * (in_blocks * block_passes + root * root_passes)
-    reduced = 4 * trained * (1 if t.grad_sync == "last" else ga)
-    if world_size == 1:
-        return 0, 0, 0.0
-    return gathered, reduced, (gathered + reduced) * (world_size - 1) / world_size
 
 
 def kind_plan(plan: Plan, kind: GpuKind, resolved=None, counts=None, peaks=None) -> KindPlan:

@@ -144,7 +144,7 @@ def _block_seconds(costs: dict, kind: GpuKind, compiled: bool, ac: str, every: i
 def predict_step(cfg, world_size: int, nnodes: int, kind: GpuKind, counts=None) -> StepPrediction:
     """Seconds per optimizer step of cfg (resolved for the GPU) on `kind`; see the module docstring."""
     from trainer.perf import compile_blocks, parse_ac, prefetch_data
-    from trainer.plan.estimate import _param_counts, comm_bytes
+    from trainer.plan.accounting import _param_counts, comm_bytes
 
     counts = counts or _param_counts(cfg)
     costs = block_costs(cfg)
@@ -181,7 +181,7 @@ def fitted() -> dict[str, float]:
     if _FITTED:
         return _FITTED
     from trainer.config import load_config
-    from trainer.plan.estimate import _param_counts
+    from trainer.plan.accounting import _param_counts
     from trainer.plan.gpus import gpu_kind
     from trainer.plan.memory import target_config
 
