@@ -64,7 +64,7 @@ from trainer.metrics import Metrics
 from trainer.observe import Observers, final_summary, held_out_lines, record_step
 from trainer.outcomes import Diverged
 from trainer.parallel import build_model, clip_grad_norm, prepare_micro_step
-from trainer.perf import adamw_impl, prefetch_data
+from trainer.perf import ac_plan, adamw_impl, compile_blocks, prefetch_data
 from trainer.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.rank import (
     StopRequest,
@@ -319,7 +319,9 @@ def train(
     metrics.info(
         f"{cfg.name}: {cfg.train.steps} steps x {cfg.train.grad_accum} micro-batches x {world_size} ranks "
         f"on {device}, {sum(p.numel() for p in rig.model.parameters()) / 1e6:.2f}M params (sharded view), "
-        f"grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}"
+        f"grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}, "
+        f"compiled blocks {compile_blocks(cfg, device)}, activation checkpointing "
+        f"{ac_plan(cfg, device.type).name}, data {type(rig.stream).__name__}"
     )
     install_comm_timing(rig.model, rig.breakdown)
     obs = Observers(
