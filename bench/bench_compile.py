@@ -4,7 +4,7 @@
 rig built by trainer.train.build and stepped by trainer.train.train_step, all in ONE run; variants
 alternate step by step (ABCD DCBA ...) so a drift in the host's load hits all alike; the first round
 (compiles, allocator warm-up) is dropped. Ratios are medians of per-round ratios against the CPU
-defaults (train.compile auto = false, train.optimizer auto = foreach, train.data_path auto = inline).
+defaults (train.compile auto = false, train.optimizer auto = for_loop, train.data_path auto = inline).
 
     .venv/bin/python bench/bench_compile.py [--pairs 4]
 """
@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Table, TrainingRig, bench_config, init_distributed, median, torchrun  # noqa: E402
 
-BASE = "CPU defaults (eager blocks, foreach AdamW, inline data)"
+BASE = "CPU defaults (eager blocks, for-loop AdamW, inline data)"
 VARIANTS = {  # name: config overrides against the CPU defaults
     BASE: {},
     "compiled blocks (train.compile=true)": {"train.compile": "true"},
-    "for-loop AdamW (train.optimizer=for_loop)": {"train.optimizer": "for_loop"},
+    "foreach AdamW (train.optimizer=foreach)": {"train.optimizer": "foreach"},
     "prefetched data (train.data_path=prefetch)": {"train.data_path": "prefetch"},
 }
 
@@ -37,7 +37,7 @@ def _worker(out_dir: Path, pairs: int) -> None:
     from trainer.config import apply_overrides
 
     rank, world, device = init_distributed()
-    cfg = bench_config({"train.compile": "false", "train.optimizer": "foreach", "train.data_path": "inline"})
+    cfg = bench_config({"train.compile": "false", "train.optimizer": "for_loop", "train.data_path": "inline"})
     rigs = {}
     for i, (name, overrides) in enumerate(VARIANTS.items()):
         variant = copy.deepcopy(cfg)

@@ -140,7 +140,7 @@ class TrainConfig:
     # across them. compile: torch.compile each block (auto: on CUDA, off on CPU) | true | false.
     compile: str = "auto"
     data_path: str = "auto"  # auto (prefetch on CUDA, inline on CPU) | inline | prefetch (a thread)
-    optimizer: str = "auto"  # AdamW implementation: auto (fused on CUDA, foreach on CPU) | fused | foreach
+    optimizer: str = "auto"  # AdamW: auto (fused on CUDA, for_loop on CPU) | fused | foreach | for_loop
     fsdp_prefetch: int = 0  # 0: FSDP2's implicit prefetch | N: explicitly prefetch the next N blocks
     # A NaN/Inf loss or grad_norm (trainer/divergence.py): stop ends the run at that step (no update, no
     # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and

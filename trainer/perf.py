@@ -3,7 +3,7 @@
     compile_blocks(cfg, device)      -> bool   train.compile: auto = on for CUDA, off on CPU
     ac_plan(cfg)                     -> AcPlan model.activation_checkpointing: none | full | op | block:K
     prefetch_data(cfg, device)       -> bool   train.data_path: auto = prefetch on CUDA, inline on CPU
-    adamw_impl(cfg, device)          -> dict   train.optimizer: auto = fused on CUDA, foreach on CPU
+    adamw_impl(cfg, device)          -> dict   train.optimizer: auto = fused on CUDA, for_loop on CPU
 
 None of them changes the maths (a checkpoint resumes across any of them). Each `auto` is the choice a
 measurement supports (docs/performance.md: the CPU numbers measured here; the CUDA defaults are torchtitan's
@@ -78,6 +78,7 @@ def prefetch_data(cfg, device: torch.device | str) -> bool:
 
 
 def adamw_impl(cfg, device: torch.device | str) -> dict[str, bool]:
-    """AdamW's implementation flags: fused (one kernel per parameter group, CUDA) or foreach."""
-    choice = _auto(cfg.train.optimizer, device, "fused", "foreach")
+    """AdamW's implementation flags: fused (CUDA kernels over all parameters), foreach or for_loop. auto:
+    fused on CUDA; for_loop on CPU (torch's own CPU default: foreach was not shown faster there)."""
+    choice = _auto(cfg.train.optimizer, device, "fused", "for_loop")
     return {"fused": True} if choice == "fused" else {"foreach": choice == "foreach"}

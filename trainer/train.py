@@ -113,7 +113,7 @@ def build(
         betas=(cfg.train.betas[0], cfg.train.betas[1]),
         eps=cfg.train.adam_eps,
         weight_decay=cfg.train.weight_decay,
-        **adamw_impl(cfg, device),  # train.optimizer: auto = fused on CUDA, foreach on CPU
+        **adamw_impl(cfg, device),  # train.optimizer: auto = fused on CUDA, for_loop on CPU
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     failure = None
