@@ -223,6 +223,8 @@ def _trace_once(cfg, world_size: int, target: str) -> dict[str, int]:
 def traced_peak(cfg, world_size: int, target: str) -> dict[str, int]:
     """Peak bytes per category on one rank (see the module docstring); "total" is the peak itself."""
     cfg = target_config(cfg, target)
+    if cfg.model.activation_checkpointing == "auto":  # unresolved here: what auto falls back to (full)
+        cfg.model.activation_checkpointing = "full"
     depth = cfg.model.depth
     if depth <= TRACE_DEPTHS[-1]:
         return _trace_once(cfg, world_size, target)
