@@ -143,10 +143,10 @@ def run_matrix(args, out: Path) -> int:  # long: one linear measurement script, 
     base = _configs(args.layers, args.grad_accum, args.set, FULL_DEPTH)[0][1]
     deepest = deepest_fitting(base, kind) if kind else FULL_DEPTH
     configs = _configs(args.layers, args.grad_accum, args.set, deepest)
-    traced: dict[tuple, tuple] = {}
+    traced: dict[str, tuple] = {}
     row_plans = []
     for _, cfg in configs:  # every plan before any real step; the full-depth row runs the plan's choice
-        key = (cfg.model.depth, cfg.model.activation_checkpointing, cfg.train.optimizer)
+        key = json.dumps(cfg.to_dict(), sort_keys=True)  # each row's own prediction; traces are shared
         if key not in traced:
             traced[key] = plan_for(cfg)
         plan = traced[key][0]
