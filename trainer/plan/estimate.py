@@ -170,7 +170,7 @@ def make_plan(
     plan = Plan(
         config=cfg.name, world_size=world_size, nnodes=nnodes, target=target, attention=attention,
         mixed_precision=resolved.train.mixed_precision,
-        activation_checkpointing=ac, parameters=counts[0],
+        activation_checkpointing="auto" if peaks is not None else ac, parameters=counts[0],
         trained_parameters=counts[1], tokens_per_micro_batch=tokens, batch_size=resolved.train.batch_size,
         grad_accum=resolved.train.grad_accum, steps=resolved.train.steps, margin=resolved.plan.margin,
         memory=memory, memory_method=method, flops_per_token=counts[4], model_flops_per_step=model_flops,

@@ -25,7 +25,12 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"plan of {plan.config} on {plan.world_size} rank(s) ({plan.nnodes} node(s)), target {plan.target}: "
         f"{plan.parameters:,} parameters ({plan.trained_parameters:,} trained), {plan.mixed_precision}, "
-        f"activation checkpointing {plan.activation_checkpointing}",
+        f"activation checkpointing {plan.activation_checkpointing}"
+        + (
+            " (the peak below is full's; each kind's choice at the end)"
+            if plan.activation_checkpointing == "auto"
+            else ""
+        ),
         f"  micro-batch {plan.batch_size} x {plan.tokens_per_micro_batch:,} tokens, grad_accum "
         f"{plan.grad_accum}, {plan.steps} steps; attention {plan.attention}",
         f"  peak memory per rank {gib(plan.memory['total'])} ({plan.memory_method}; traced in "
