@@ -1,18 +1,22 @@
-"""The first-GPU check (run by bench/gpu_check.sh): 3 real training steps at the cluster config's block
-shapes with a few layers, measured against the plan (trainer/plan/), written to one JSON file.
+"""The GPU check (run by bench/gpu_check.sh): training steps at the cluster config's shapes on one GPU,
+measured against the plan (trainer/plan/: peak memory, predicted step time), written to one JSON file.
 
-    python bench/gpu_check.py --out gpu_check.json [--layers 4] [--steps 3] [--dry-run]
+    python bench/gpu_check.py --out gpu_check.json [--layers 4] [--steps 3] [--budget-s 290] [--dry-run]
+    python bench/gpu_check.py --out gpu_check.json --single [--layers 4] [--set KEY=VALUE ...]
 
-On a GPU: the cluster config (furniture_train, no cpu_scale) with model.depth=--layers, random init,
-compiled FlexAttention with the LingBot mask (forward + backward), bf16 mixed precision, FSDP2 on one GPU
-(a one-rank process group), activation checkpointing; micro-batches of the run's shapes
-(trainer.plan.memory.synthetic_micro_batch: the recipe's draws, so chunk and window change every
-micro-batch as in training). trainer.train.train_step runs each step (the loop's own step and its
-StepBreakdown). Recorded: per-step seconds and breakdown, MFU of steps 2..N, graphs compiled after step 1
-(recompiles), torch.cuda.max_memory_allocated over steps 2..N against the plan's predicted peak, and the
-measured step time against the plan's lower bound.
-Without a GPU (or with --dry-run): it builds the config and the model on the meta device (so the script
-cannot rot), writes {"status": "no_gpu", ...} with no measurement, says so, and exits 3.
+Default: the matrix of bench/gpu_matrix.py (the new defaults, the configuration they replaced, the full
+30-layer model or the deepest that fits, one option changed at a time), plus gpu_check.md beside the
+JSON. --single: the one config of --layers/--set (the 2026-12-04 check). Each config: the cluster config
+(furniture_train, no cpu_scale) with model.depth=--layers, random init, compiled FlexAttention with the
+LingBot mask (forward + backward), bf16 mixed precision, FSDP2 on one GPU (a one-rank process group);
+micro-batches of the run's shapes (trainer.plan.memory.synthetic_micro_batch: the recipe's draws, so chunk
+and window change every micro-batch as in training), through trainer.train.train_step (the loop's own
+step and its StepBreakdown). Recorded: per-step seconds and breakdown, MFU of steps 2..N, graphs compiled
+after step 1 (recompiles) and graph breaks, torch.cuda.max_memory_allocated over steps 2..N against the
+plan's predicted peak, and the measured step time against the plan's prediction and lower bound.
+Without a GPU (or with --dry-run): it builds the config and the model on the meta device, and (matrix)
+every row's config with its predicted step (so the script cannot rot), writes {"status": "no_gpu", ...}
+with no measurement, says so, and exits 3.
 """
 
 from __future__ import annotations
