@@ -22,9 +22,9 @@ inside it (Dynamo's activation-checkpoint operator), parameter names (and so che
 and the blocks share one compiled graph (Dynamo inlines nn.Modules: parameters are graph inputs).
 fullgraph=True: a graph break is an error, not a silent slowdown. Shapes are static per config (the packed
 length is padded per config; chunk and window redraws change mask values only), so nothing recompiles
-after the first micro-step (tests/test_compile_blocks.py). FSDP2: the last block keeps its parameters
-after forward (backward starts with it; torchtitan's default), and train.fsdp_prefetch=N sets explicit
-forward/backward prefetching of the next N blocks (0: FSDP2's implicit prefetch, torchtitan's default).
+after the first micro-step (tests/test_compile_blocks.py). FSDP2: the root (embedders, heads) keeps its
+parameters after forward, as torchtitan keeps its final norm and output layer; train.fsdp_prefetch=N sets
+explicit forward/backward prefetching of the next N blocks (0: FSDP2's implicit prefetch, torchtitan's).
 """
 
 from __future__ import annotations
@@ -157,10 +157,8 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision_policy(cfg, device)
     keep_gathered = cfg.train.keep_params_gathered
-    blocks = _blocks(model)
-    for i, block in enumerate(blocks):  # then fully_shard; the last block's backward follows at once
-        last = i == len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not (keep_gathered or last))
+    for block in _blocks(model):  # then fully_shard
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
     if cfg.train.fsdp_prefetch:
         set_prefetch(model, cfg.train.fsdp_prefetch)
     # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
