@@ -43,7 +43,7 @@ def _cfg(sizes: dict, pretrained: str = ""):
 
     cfg = RunConfig()
     apply_overrides(cfg, {**sizes, "model.pretrained": pretrained}, "bench")
-    cfg.model.activation_checkpointing = False
+    cfg.model.activation_checkpointing = "none"
     check_config(cfg)
     return cfg
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The first-GPU check, as one call (<= ~8 min on one GPU): envcheck's table with its GPU checks, then
-# bench/gpu_check.py (3 training steps at the cluster config's block shapes with a few layers: compiled
-# FlexAttention with the LingBot mask, bf16, FSDP2 on 1 GPU, activation checkpointing; step-time
-# breakdown, MFU, recompiles, peak memory and step time against trainer/plan's prediction).
+# The GPU check, as one call (<= 8 min on one GPU): envcheck's table with its GPU checks (<= 90 s), then
+# bench/gpu_check.py's matrix (bench/gpu_matrix.py, <= 360 s: the new defaults, the 2026-12-04 config
+# they replace, the full 30-layer model or the deepest the plan fits, then one option changed at a time;
+# 3 steps each at the cluster config's shapes; step-time breakdown, MFU, recompiles, peak memory and
+# step time against trainer/plan's predictions). Writes gpu_check.json and the table gpu_check.md.
 #
 #   bench/gpu_check.sh [--dry-run] [OUT_DIR]      # OUT_DIR default: $OUT, else bench/results/gpu_check
 #
@@ -44,7 +45,7 @@ if [[ $gpu -eq 1 ]]; then
   # GPU machine without a network cannot reach.
   prefix="$("$python" -c 'import sys; print(sys.prefix)')"
   set +e
-  LINGBOT_REPO_ROOT="$root" timeout 300 "$python" -m provision.check --prefix "$prefix" \
+  LINGBOT_REPO_ROOT="$root" timeout 90 "$python" -m provision.check --prefix "$prefix" \
     --json-file "$out_dir/envcheck.json"
   echo "gpu_check: envcheck exit $?"
   set -e
@@ -53,4 +54,4 @@ else
 fi
 
 cd "$root"
-exec timeout 420 "$python" bench/gpu_check.py --out "$out_dir/gpu_check.json" "${dry[@]}"
+exec timeout 360 "$python" bench/gpu_check.py --out "$out_dir/gpu_check.json" "${dry[@]}"

@@ -112,8 +112,9 @@ def test_a_rank_judges_its_config_json_with_the_same_table(tmp_path):
 
 def test_a_type_error_names_its_source_key_value_and_type():
     with pytest.raises(ConfigError) as exc:
-        load_config("furniture_train", cpu_scale=True, overrides={"train.compile": "maybe"})
-    assert str(exc.value) == "--set: bad value 'maybe' for train.compile: train.compile must be true or false"
+        load_config("furniture_train", cpu_scale=True, overrides={"train.keep_params_gathered": "maybe"})
+    key = "train.keep_params_gathered"
+    assert str(exc.value) == f"--set: bad value 'maybe' for {key}: {key} must be true or false"
 
 
 def test_a_value_from_the_config_file_is_named_by_its_file(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tests.support.lingbot_tiny import micro_batch, tiny_cfg
+from trainer.config.perf import parse_ac
 from trainer.model import WorldModel
 from trainer.model.attention import BoundAttention
 from trainer.model.masks import SequenceShape, mask_density
@@ -119,10 +120,13 @@ def test_flex_and_sdpa_give_the_same_outputs(cfg):
         torch.testing.assert_close(outs["flex"][key], outs["sdpa"][key], rtol=1e-5, atol=1e-6)
 
 
-def test_activation_checkpointing_keeps_loss_and_gradients(cfg):
+@pytest.mark.parametrize("choice", ["full", "op", "block:2"])
+def test_activation_checkpointing_keeps_loss_and_gradients(cfg, choice):
     batch = micro_batch(cfg, seed=5)
     plain, ckpt = _model(cfg), _model(cfg)
-    apply_activation_checkpointing(ckpt)
+    apply_activation_checkpointing(ckpt, parse_ac(choice))
+    wrapped = ["CheckpointWrapper" in type(b).__name__ for b in ckpt.blocks]
+    assert wrapped == ([True, False] if choice == "block:2" else [True, True])
     a, b = plain(batch)["loss"], ckpt(batch)["loss"]
     a.backward()
     b.backward()

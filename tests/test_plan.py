@@ -67,9 +67,9 @@ def test_comm_bytes_follow_the_fsdp2_settings():
 
 @pytest.mark.fast
 def test_candidate_changes_name_set_flags():
-    cfg = tiny(**{"model.activation_checkpointing": False, "train.batch_size": 2})
+    cfg = tiny(**{"model.activation_checkpointing": "none", "train.batch_size": 2})
     described = [c[0] for c in estimate.candidate_changes(cfg, 2)]
-    assert "--set model.activation_checkpointing=true" in described
+    assert "--set model.activation_checkpointing=full" in described
     assert "--set train.keep_params_gathered=false" in described
     assert "--set train.grad_sync=every" in described
     assert "--set train.batch_size=1 --set train.grad_accum=6" in described
@@ -80,7 +80,7 @@ def test_candidate_changes_name_set_flags():
 def test_lower_bound_is_compute_or_comm_whichever_is_slower():
     plan = estimate.Plan(
         config="x", world_size=2, nnodes=1, target="cuda", attention="flex", mixed_precision="bf16",
-        activation_checkpointing=True, parameters=10, trained_parameters=10, tokens_per_micro_batch=1,
+        activation_checkpointing="full", parameters=10, trained_parameters=10, tokens_per_micro_batch=1,
         batch_size=1, grad_accum=1, steps=100, margin=0.1, memory={"total": 90}, memory_method="test",
         flops_per_token=1.0, model_flops_per_step=3e15, executed_flops_per_step=4e15, all_gather_bytes=0,
         reduce_scatter_bytes=0, wire_bytes_per_rank=9e11, checkpoint_bytes=0, trace_seconds=0.0,
@@ -143,6 +143,9 @@ def test_gpu_check_dry_run_measures_nothing(tmp_path):
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["status"] == "no_gpu" and "peak_allocated_bytes" not in result and "mfu" not in result
     assert result["parameters"] > 1e8  # the cluster block shapes, a few layers
+    table = (tmp_path / "gpu_check.md").read_text()  # the matrix's rows: built and predicted, not run
+    assert "new defaults" in table and "2026-12-04 config" in table and "| 30 |" in table
+    assert table.count("not run (dry run)") == table.count("\n| ") - 1  # every row, none measured
 
 
 @pytest.mark.heavy

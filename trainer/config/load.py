@@ -25,6 +25,7 @@ CONFIG_DIR = Path(__file__).parent / "presets"
 # the config file's path, or the path + CPU_SCALE_MARK for its cpu_scale block (not the user's choice).
 CPU_SCALE_MARK = " (cpu_scale)"
 SET = "--set"
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 def _field_types(cls) -> dict[str, typing.Any]:
@@ -38,17 +39,8 @@ def _coerce(value, annotation, key: str, source: str = ""):
         if annotation is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.lower() in (
-                "true",
-                "1",
-                "yes",
-                "on",
-                "false",
-                "0",
-                "no",
-                "off",
-            ):
-                return value.lower() in ("true", "1", "yes", "on")
+            if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+                return value.lower() in _TRUE
             raise ValueError
         if annotation is int:
             if isinstance(value, bool):
@@ -61,7 +53,9 @@ def _coerce(value, annotation, key: str, source: str = ""):
                 raise ValueError
             return float(value)
         if annotation is str:
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
+            if isinstance(value, bool):  # true/false of a str option that also takes words (compile)
+                return str(value).lower()
+            if not isinstance(value, str | int | float):
                 raise ValueError
             return str(value)
         if origin is list or annotation is list:

@@ -59,6 +59,13 @@ def _fraction(v: Any, c: Any) -> bool:
     return bool(0 <= v <= 1)
 
 
+def ac_value_ok(value) -> bool:
+    """model.activation_checkpointing's values (trainer/config/perf.py parses them)."""
+    words = ("auto", "none", "full", "op", "true", "false")
+    kind, _, every = str(value).partition(":")
+    return value in words or (kind == "block" and every.isdigit() and int(every) >= 1)
+
+
 def _one_of(*names: str) -> Rule:
     return Rule("one of " + ", ".join(names), lambda v, c: v in names, "nope")
 
@@ -133,7 +140,9 @@ RULES: dict[str, Rule | Free] = {
     ),
     "model.attn_block": POSITIVE,
     "model.attention": _one_of(*ATTENTION),
-    "model.activation_checkpointing": BOOL,
+    "model.activation_checkpointing": Rule(
+        "one of auto, none, full, op, block:K (K >= 1), true, false", lambda v, c: ac_value_ok(v), "nope"
+    ),
     # recipe
     "recipe.num_train_timesteps": POSITIVE,
     "recipe.video_shift": Rule("> 0 (the scheduler's SNR shift)", _positive, "-5"),
@@ -220,7 +229,10 @@ RULES: dict[str, Rule | Free] = {
     "train.keep_params_gathered": BOOL,
     "train.mixed_precision": _one_of("auto", "bf16", "fp32"),
     "train.log_every": POSITIVE,
-    "train.compile": BOOL,
+    "train.compile": _one_of("auto", "true", "false"),
+    "train.data_path": _one_of("auto", "inline", "prefetch"),
+    "train.optimizer": _one_of("auto", "fused", "foreach", "for_loop"),
+    "train.fsdp_prefetch": NON_NEGATIVE,
     "train.nonfinite": _one_of("stop", "skip"),
     "train.nonfinite_max_skips": Rule(
         ">= 1 (consecutive skipped steps before stopping)", lambda v, c: v >= 1, "0"

@@ -45,7 +45,9 @@ class ModelConfig:
     pretrained: str = ""  # a released folder (or its transformer/) or a reference checkpoint_step_N/
     attn_block: int = 128  # FlexAttention block size; each token group is padded to a multiple
     attention: str = "auto"  # auto | flex | sdpa  (auto: flex on GPU, sdpa on CPU)
-    activation_checkpointing: bool = False
+    # per block (trainer/config/perf.py): none | full | op (op-level selective: matmul and attention outputs
+    # saved, the rest recomputed) | block:K (every K-th block) | auto (the plan's fastest that fits)
+    activation_checkpointing: str = "none"  # true = full, false = none
 
 
 @dataclass
@@ -124,10 +126,12 @@ class TrainConfig:
     keep_params_gathered: bool = True  # no re-all-gather between micro-steps (FSDP2 reshard_after_* False)
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
-    # torch.compile each transformer block (Inductor: C++ on CPU, Triton on GPU); a train.* key, not
-    # model.*, because it changes no maths: a checkpoint resumes with it on or off. Kernels persist
-    # across attempts in the per-env compile caches (trainer/launcher/compile_cache.py).
-    compile: bool = False
+    # Speed options (trainer/config/perf.py, docs/performance.md); none changes the maths, a checkpoint
+    # resumes across them. compile: torch.compile each block (auto: on CUDA, off on CPU) | true | false.
+    compile: str = "auto"
+    data_path: str = "auto"  # auto (prefetch on CUDA, inline on CPU) | inline | prefetch (a thread)
+    optimizer: str = "auto"  # AdamW: auto (fused on CUDA, for_loop on CPU) | fused | foreach | for_loop
+    fsdp_prefetch: int = 0  # 0: FSDP2's implicit prefetch | N: explicitly prefetch the next N blocks
     # A NaN/Inf loss or grad_norm (trainer/loop/divergence.py): stop ends the run at that step (no update, no
     # checkpoint from it; exit 1, summary `failed`, reason diverged); skip drops that step's update and
     # stops the same way after more than nonfinite_max_skips such steps in a row.

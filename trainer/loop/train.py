@@ -34,6 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,7 +60,9 @@ from trainer.checkpoint.checkpointer import Checkpointer, NonFiniteState, PeerSt
 from trainer.checkpoint.diskspace import find_out_of_space, guard
 from trainer.checkpoint.size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
+from trainer.config.perf import ac_plan, adamw_impl, compile_blocks, prefetch_data
 from trainer.data import build_stream
+from trainer.data.prefetch import Prefetcher
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.loop.metrics import Metrics
 from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step
@@ -87,9 +90,7 @@ __all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="one rank of a training run (started by torchrun)")
     parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument(
-        "--attempt-dir", type=Path, help="default: $LINGBOT_ATTEMPT_DIR; holds the config.json to train"
-    )
+    parser.add_argument("--attempt-dir", type=Path, help="default: $LINGBOT_ATTEMPT_DIR (its config.json)")
     return parser.parse_args(argv)
 
 
@@ -114,12 +115,14 @@ def build(
         betas=(cfg.train.betas[0], cfg.train.betas[1]),
         eps=cfg.train.adam_eps,
         weight_decay=cfg.train.weight_decay,
-        fused=device.type == "cuda",
+        **adamw_impl(cfg, device),  # train.optimizer: auto = fused on CUDA, for_loop on CPU
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     failure = None
     try:
-        stream = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops here)
+        stream: Any = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops)
+        if prefetch_data(cfg, device):  # train.data_path: the next micro-batch prepared in a thread
+            stream = Prefetcher(stream, cfg.train.grad_accum, pin=device.type == "cuda")
     except Exception as exc:
         failure = find_out_of_space(exc, "latent cache", cfg.data.path)
         if failure is None:
@@ -291,6 +294,8 @@ def loop(rig: Rig, obs: Observers, stop: StopRequest) -> LoopState:
     obs.profiler.close()
     obs.utilisation.close()
     rig.checkpointer.finish()  # an asynchronous save still in flight is committed before the rank reports
+    if isinstance(rig.stream, Prefetcher):
+        rig.stream.close()
     state.last_ckpt = rig.checkpointer.last_committed
     agree_on_failure(state.failure, rig.device)  # a write that failed after the last step's agreement
     return state
@@ -319,7 +324,9 @@ def train(
     metrics.info(
         f"{cfg.name}: {cfg.train.steps} steps x {cfg.train.grad_accum} micro-batches x {world_size} ranks "
         f"on {device}, {sum(p.numel() for p in rig.model.parameters()) / 1e6:.2f}M params (sharded view), "
-        f"grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}"
+        f"grad_sync={cfg.train.grad_sync}, keep_params_gathered={cfg.train.keep_params_gathered}, "
+        f"compiled blocks {compile_blocks(cfg, device)}, activation checkpointing "
+        f"{ac_plan(cfg, device.type).name}, data {type(rig.stream).__name__}"
     )
     install_comm_timing(rig.model, rig.breakdown)
     obs = Observers(

@@ -9,7 +9,8 @@ which is what FlexAttention does; sdpa would give NaN there, so it is told to at
 those rows and the result is zeroed.
 
 All layers share one compiled flex_attention (module level), as LingBot-VA does with its class-level
-`torch.compile(flex_attention)`: compiling per layer would recompile per layer.
+`torch.compile(flex_attention)`: compiling per layer would recompile per layer. Inside a compiled block
+(train.compile) the plain flex_attention is called and compiled as part of the block's graph.
 """
 
 from __future__ import annotations
@@ -115,9 +116,15 @@ class FlexBackend:
         )
 
     def attend(self, q, k, v, mask) -> torch.Tensor:
-        if self.compiled:
-            return _compiled_flex_attention()(q, k, v, block_mask=mask)
         from torch.nn.attention.flex_attention import flex_attention
+
+        if self.compiled and not torch.compiler.is_compiling():
+            return _compiled_flex_attention()(q, k, v, block_mask=mask)
+        # Inside a compiled block (train.compile) flex_attention is traced into the block's own graph.
+        # Contiguous inputs there: Inductor writes the RoPE kernel's output straight in this layout (no
+        # extra pass), and its CPU flex template cannot read a view of a concatenation (torch 2.13).
+        if torch.compiler.is_compiling():
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
 
         return flex_attention(q, k, v, block_mask=mask)
 

@@ -13,13 +13,18 @@ Gradient accumulation (bench/bench_grad_accum.py chose the defaults): gradients 
 the last micro-step only (train.grad_sync=last), and with train.keep_params_gathered the parameters stay
 all-gathered from the first forward to the last backward of a step (one all-gather pass per step instead
 of two per micro-step, for one unsharded copy of the parameters per rank).
-Activation checkpointing wraps each block (non-reentrant) before sharding, as torchtitan does.
-train.compile (off by default) compiles each block's forward with torch.compile before checkpointing and
-sharding (torchtitan's per-block compile): the FSDP2 hooks and the checkpoint wrapper stay outside the
-compiled region, parameter names (and so checkpoints) are unchanged, and every block shares one compiled
-graph (Dynamo inlines nn.Modules, so the blocks differ only in their parameters, which are graph inputs).
-Shapes are static per config (the packed length is padded per config; chunk and window redraws change
-mask values only), so nothing recompiles after the first micro-step.
+Per block, in torchtitan's order (torchtitan/models/llama3/infra/parallelize.py: apply_ac, then
+apply_compile, then apply_fsdp): activation checkpointing wraps the block (model.activation_checkpointing,
+config/perf.py: none, full, every K-th block, or op-level selective: matmul and attention outputs saved,
+everything else recomputed), then torch.compile compiles the wrapped block's forward (train.compile; auto
+= on for CUDA), then fully_shard. The FSDP2 hooks stay outside the compiled region, the checkpoint is
+inside it (Dynamo's activation-checkpoint operator), parameter names (and so checkpoints) are unchanged,
+and the blocks share one compiled graph (Dynamo inlines nn.Modules: parameters are graph inputs).
+fullgraph=True: a graph break is an error, not a silent slowdown. Shapes are static per config (the packed
+length is padded per config; chunk and window redraws change mask values only), so nothing recompiles
+after the first micro-step (tests/test_compile_blocks.py). FSDP2: the root (embedders, heads) keeps its
+parameters after forward, as torchtitan keeps its final norm and output layer; train.fsdp_prefetch=N sets
+explicit forward/backward prefetching of the next N blocks (0: FSDP2's implicit prefetch, torchtitan's).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trainer.config.perf import AcPlan, ac_plan, compile_blocks
 
 
 def mixed_precision_policy(cfg, device: torch.device) -> MixedPrecisionPolicy:
@@ -50,16 +57,61 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
+# model.activation_checkpointing=op: the aten ops whose outputs are saved (everything else is recomputed)
+SAVED_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+def _op_level_context():
+    """torch.utils.checkpoint's selective policy: save matmul and attention outputs, recompute the rest
+    (norms, RoPE, modulation, GELU: memory-bound, cheap to recompute; torchtitan's op-level SAC list)."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {getattr(aten, n).default for n in SAVED_OPS if hasattr(aten, n)}
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    if flex is not None:
+        save.add(flex)
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy)
+
+
+def apply_activation_checkpointing(model: nn.Module, plan: AcPlan | None = None) -> None:
+    """Wrap the blocks `plan` names (default: every block, full) in a non-reentrant checkpoint."""
+    plan = plan or AcPlan("full")
     blocks = _blocks(model)
     for i, block in enumerate(blocks):
-        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        if not plan.wraps(i):
+            continue
+        kwargs = {"context_fn": _op_level_context()} if plan.mode == "op" else {}
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
 
 
 def apply_compile(model: nn.Module) -> None:
-    """torch.compile each block's forward in place (Inductor); module and parameter names unchanged."""
+    """torch.compile each (checkpoint-wrapped) block's forward in place; names unchanged."""
     for block in _blocks(model):
-        block.forward = torch.compile(block.forward)
+        block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False)
+
+
+def set_prefetch(model: nn.Module, count: int) -> None:
+    """Explicit FSDP2 prefetching: each block all-gathers the next `count` blocks (forward and backward)."""
+    blocks = list(_blocks(model))
+    for i, block in enumerate(blocks):
+        assert isinstance(block, FSDPModule)
+        block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + count])  # type: ignore[arg-type]
+        block.set_modules_to_backward_prefetch(blocks[max(0, i - count) : i][::-1])  # type: ignore[arg-type]
 
 
 def build_model(cfg, device: torch.device) -> nn.Module:
@@ -99,15 +151,16 @@ def shard_model(model: nn.Module, cfg, device: torch.device | str) -> nn.Module:
             "shard_model: torch.distributed is not initialised; run under torchrun (bin/train)"
         )
     device = torch.device(device)
-    if cfg.train.compile:
-        apply_compile(model)
-    if cfg.model.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    apply_activation_checkpointing(model, ac_plan(cfg, device.type))  # torchtitan's order: AC,
+    if compile_blocks(cfg, device):
+        apply_compile(model)  # compile,
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = mixed_precision_policy(cfg, device)
     keep_gathered = cfg.train.keep_params_gathered
-    for block in _blocks(model):
+    for block in _blocks(model):  # then fully_shard
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not keep_gathered)
+    if cfg.train.fsdp_prefetch:
+        set_prefetch(model, cfg.train.fsdp_prefetch)
     # the root holds embedders and heads; it is used last in backward, so keep it unsharded after forward
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model

@@ -25,7 +25,10 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 
+from trainer.plan.accounting import _param_counts, comm_bytes
 from trainer.plan.gpus import INTER_NODE_BYTES_PER_S, INTER_NODE_LINK, GpuKind
+
+__all__ = ["KindPlan", "Plan", "_param_counts", "comm_bytes", "kind_plan", "make_plan"]
 
 
 @dataclass
@@ -40,6 +43,13 @@ class KindPlan:
     eta_lower_bound_s: float
     link: str
     source: str
+    activation_checkpointing: str = ""  # the choice planned for this kind (auto: the fastest that fits)
+    peak_bytes: float = 0.0  # traced peak of that choice
+    step_s: float = 0.0  # predicted seconds per step (trainer/plan/steptime.py), what the ETA uses
+    eta_s: float = 0.0
+    mfu: float = 0.0  # predicted
+    step_parts: dict[str, float] = field(default_factory=dict)
+    ac_rows: list = field(default_factory=list)  # auto: (choice, peak, predicted s, fits) per candidate
 
 
 @dataclass
@@ -50,7 +60,7 @@ class Plan:
     target: str  # cuda | cpu
     attention: str
     mixed_precision: str
-    activation_checkpointing: bool
+    activation_checkpointing: str
     parameters: int
     trained_parameters: int
     tokens_per_micro_batch: int
@@ -74,46 +84,15 @@ class Plan:
         return asdict(self)
 
 
-def _param_counts(cfg) -> tuple[int, int, int, int, float]:
-    """(all parameters, trained, in blocks, trained in blocks, flops per token) of cfg's model (meta)."""
-    import torch
-
-    from trainer.model import WorldModel
-
-    with torch.device("meta"):
-        model = WorldModel(cfg)
-    params = list(model.parameters())
-    blocks = list(model.blocks.parameters())
-    return (
-        sum(p.numel() for p in params),
-        sum(p.numel() for p in params if p.requires_grad),
-        sum(p.numel() for p in blocks),
-        sum(p.numel() for p in blocks if p.requires_grad),
-        model.flops_per_token(),
-    )
-
-
 def tokens_per_micro_batch(cfg) -> int:
     from trainer.model.masks import sequence_shape
 
     return sequence_shape(cfg).tokens(cfg.train.batch_size)
 
 
-def comm_bytes(cfg, counts, world_size: int, param_bytes: int) -> tuple[int, int, float]:
-    """(all-gathered bytes, reduce-scattered bytes, wire bytes per rank) of one step (module docstring)."""
-    total, trained, in_blocks, _, _ = counts
-    t, ga = cfg.train, cfg.train.grad_accum
-    root = total - in_blocks
-    block_passes = 1 if t.keep_params_gathered else 2 * ga
-    root_passes = 1 if t.keep_params_gathered else ga
-    gathered = param_bytes * (in_blocks * block_passes + root * root_passes)
-    reduced = 4 * trained * (1 if t.grad_sync == "last" else ga)
-    if world_size == 1:
-        return 0, 0, 0.0
-    return gathered, reduced, (gathered + reduced) * (world_size - 1) / world_size
-
-
-def kind_plan(plan: Plan, kind: GpuKind) -> KindPlan:
+def kind_plan(plan: Plan, kind: GpuKind, resolved=None, counts=None, peaks=None) -> KindPlan:
+    """The bound, the fit and (with the resolved config) the predicted step of `plan` on `kind`;
+    peaks (model.activation_checkpointing=auto): the traced peak of each choice, to pick from."""
     link_bw, link = kind.link_bytes_per_s, kind.link
     if plan.nnodes > 1:
         link_bw, link = min(link_bw, INTER_NODE_BYTES_PER_S), f"{INTER_NODE_LINK} (between nodes)"
@@ -121,10 +100,38 @@ def kind_plan(plan: Plan, kind: GpuKind) -> KindPlan:
     comm = plan.wire_bytes_per_rank / link_bw
     step = max(compute, comm)
     usable = kind.memory_bytes * (1 - plan.margin)
-    return KindPlan(
-        kind.name, kind.memory_bytes, usable, plan.memory["total"] <= usable, compute, comm, step,
-        step * plan.steps, link, kind.source,
+    peak, choice, rows = plan.memory["total"], plan.activation_checkpointing, []
+    if peaks is not None and resolved is not None:
+        from trainer.plan.choices import ac_choices, pick, with_ac
+
+        rows = ac_choices(resolved, plan.world_size, plan.nnodes, kind, peaks, counts)
+        choice = pick(rows)
+        peak, resolved = peaks[choice]["total"], with_ac(resolved, choice)
+        compute *= _recompute_factor(choice) / _recompute_factor(plan.activation_checkpointing)
+        step = max(compute, comm)
+    out = KindPlan(
+        kind.name, kind.memory_bytes, usable, peak <= usable, compute, comm, step, step * plan.steps, link,
+        kind.source, choice, peak, ac_rows=rows,
     )  # fmt: skip
+    if resolved is not None and plan.target == "cuda":
+        from trainer.plan.steptime import predict_step
+
+        pred = predict_step(resolved, plan.world_size, plan.nnodes, kind, counts)
+        out.step_s, out.eta_s, out.mfu, out.step_parts = (
+            pred.step_s,
+            pred.step_s * plan.steps,
+            pred.mfu,
+            pred.parts,
+        )
+    return out
+
+
+def _recompute_factor(choice: str) -> float:
+    """Executed / model FLOPs of an activation-checkpointing choice (full recomputes one forward: 4/3)."""
+    from trainer.config.perf import parse_ac
+
+    ac = parse_ac(choice, "cuda")
+    return 1 + (1 / 3) / ac.every if ac.mode == "full" else 1.0
 
 
 def make_plan(
@@ -136,14 +143,22 @@ def make_plan(
 
     resolved = target_config(cfg, target)
     started = time.perf_counter()
-    memory = traced_peak(cfg, world_size, target)
+    peaks = None
+    if resolved.model.activation_checkpointing == "auto" and target == "cuda":
+        from trainer.plan.choices import ac_peaks
+
+        peaks = ac_peaks(resolved, world_size)  # each choice traced; kind_plan picks per kind
+        memory = peaks["full"]
+    else:
+        memory = traced_peak(cfg, world_size, target)
     traced = time.perf_counter() - started
     counts = _param_counts(resolved)
     bf16 = resolved.train.mixed_precision == "bf16"
     gathered, reduced, wire = comm_bytes(resolved, counts, world_size, 2 if bf16 else 4)
     tokens = tokens_per_micro_batch(resolved)
     model_flops = counts[4] * tokens * resolved.train.grad_accum
-    executed = model_flops * (4 / 3 if resolved.model.activation_checkpointing else 1)
+    ac = "full" if peaks is not None else resolved.model.activation_checkpointing
+    executed = model_flops * _recompute_factor(ac)
     if target == "cuda":
         attention = "flex (compiled FlexAttention: no score matrix; traced with a stand-in of its memory)"
     else:
@@ -155,7 +170,7 @@ def make_plan(
     plan = Plan(
         config=cfg.name, world_size=world_size, nnodes=nnodes, target=target, attention=attention,
         mixed_precision=resolved.train.mixed_precision,
-        activation_checkpointing=resolved.model.activation_checkpointing, parameters=counts[0],
+        activation_checkpointing="auto" if peaks is not None else ac, parameters=counts[0],
         trained_parameters=counts[1], tokens_per_micro_batch=tokens, batch_size=resolved.train.batch_size,
         grad_accum=resolved.train.grad_accum, steps=resolved.train.steps, margin=resolved.plan.margin,
         memory=memory, memory_method=method, flops_per_token=counts[4], model_flops_per_step=model_flops,
@@ -163,7 +178,7 @@ def make_plan(
         wire_bytes_per_rank=wire, checkpoint_bytes=estimate_bytes(resolved, model_size(resolved), world_size),
         trace_seconds=traced,
     )  # fmt: skip
-    plan.kinds = [kind_plan(plan, k) for k in (kinds or [])]
+    plan.kinds = [kind_plan(plan, k, resolved, counts, peaks) for k in (kinds or [])]
     return plan
 
 
@@ -181,8 +196,10 @@ def candidate_changes(cfg, world_size: int) -> list[tuple[str, dict, int]]:
     """(description, --set overrides, world size) of each change that lowers the per-GPU peak."""
     t, m = cfg.train, cfg.model
     sets: list[dict] = []
-    if not m.activation_checkpointing:
-        sets.append({"model.activation_checkpointing": True})
+    if m.activation_checkpointing in ("none", "false", "op") or m.activation_checkpointing.startswith(
+        "block"
+    ):
+        sets.append({"model.activation_checkpointing": "full"})
     if t.keep_params_gathered:
         sets.append({"train.keep_params_gathered": False})
     if t.grad_sync == "last" and t.grad_accum > 1:

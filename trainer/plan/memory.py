@@ -49,10 +49,17 @@ CATEGORIES = {  # FSDPMemTracker's reference types -> the plan's names
 
 
 def target_config(cfg, target: str):
-    """A copy of cfg as it runs on `target` ("cpu" or "cuda"): mixed precision resolved."""
+    """A copy of cfg as it runs on `target` ("cpu" or "cuda"): mixed precision, train.compile and (but
+    auto on a GPU, which the plan resolves per kind: trainer/plan/choices.py) activation checkpointing
+    resolved."""
+    from trainer.config.perf import compile_blocks, parse_ac
+
     cfg = copy.deepcopy(cfg)
     if cfg.train.mixed_precision == "auto":
         cfg.train.mixed_precision = "bf16" if target == "cuda" else "fp32"
+    cfg.train.compile = "true" if compile_blocks(cfg, target) else "false"  # resolved: the step predicts it
+    if cfg.model.activation_checkpointing != "auto" or target != "cuda":
+        cfg.model.activation_checkpointing = parse_ac(cfg.model.activation_checkpointing, target).name
     return cfg
 
 
@@ -186,6 +193,8 @@ def _trace_once(cfg, world_size: int, target: str) -> dict[str, int]:
         raise RuntimeError(
             f"a process group of {dist.get_world_size()} ranks exists; the plan needs {world_size}"
         )
+    cfg = copy.deepcopy(cfg)
+    cfg.train.compile = "false"  # traced eager: no compile under FakeTensorMode (memory as eager's)
     try:
         with torch.device("meta"):
             world = WorldModel(cfg)
@@ -211,16 +220,35 @@ def _trace_once(cfg, world_size: int, target: str) -> dict[str, int]:
             dist.destroy_process_group()
 
 
+_TRACES: dict[tuple[str, int, str], dict[str, int]] = {}
+
+
+def _trace_cached(cfg, world_size: int, target: str) -> dict[str, int]:
+    """_trace_once, once per (config, world size, target) in this process: plans of configs that share
+    their shallow traces (another depth, AC choices, bench/gpu_matrix.py's rows) reuse them."""
+    import json
+
+    tree = cfg.to_dict()
+    for name in ("compile", "data_path", "optimizer"):  # not traced: eager, fused AdamW, no data
+        tree["train"].pop(name, None)
+    key = (json.dumps(tree, sort_keys=True), world_size, target)
+    if key not in _TRACES:
+        _TRACES[key] = _trace_once(cfg, world_size, target)
+    return dict(_TRACES[key])
+
+
 def traced_peak(cfg, world_size: int, target: str) -> dict[str, int]:
     """Peak bytes per category on one rank (see the module docstring); "total" is the peak itself."""
     cfg = target_config(cfg, target)
+    if cfg.model.activation_checkpointing == "auto":  # unresolved here: what auto falls back to (full)
+        cfg.model.activation_checkpointing = "full"
     depth = cfg.model.depth
     if depth <= TRACE_DEPTHS[-1]:
-        return _trace_once(cfg, world_size, target)
+        return _trace_cached(cfg, world_size, target)
     traces = []
     for d in TRACE_DEPTHS:
         shallow = copy.deepcopy(cfg)
         shallow.model.depth = d
-        traces.append(_trace_once(shallow, world_size, target))
+        traces.append(_trace_cached(shallow, world_size, target))
     (d0, d1), (a, b) = TRACE_DEPTHS, traces
     return {key: max(0, round(a[key] + (b[key] - a[key]) * (depth - d0) / (d1 - d0))) for key in a}

@@ -25,7 +25,12 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"plan of {plan.config} on {plan.world_size} rank(s) ({plan.nnodes} node(s)), target {plan.target}: "
         f"{plan.parameters:,} parameters ({plan.trained_parameters:,} trained), {plan.mixed_precision}, "
-        f"activation checkpointing {'on' if plan.activation_checkpointing else 'off'}",
+        f"activation checkpointing {plan.activation_checkpointing}"
+        + (
+            " (the peak below is full's; each kind's choice at the end)"
+            if plan.activation_checkpointing == "auto"
+            else ""
+        ),
         f"  micro-batch {plan.batch_size} x {plan.tokens_per_micro_batch:,} tokens, grad_accum "
         f"{plan.grad_accum}, {plan.steps} steps; attention {plan.attention}",
         f"  peak memory per rank {gib(plan.memory['total'])} ({plan.memory_method}; traced in "
@@ -55,7 +60,33 @@ def format_plan(plan: Plan) -> str:
         )
     if plan.kinds:
         lines.append("  (step >= : compute at the bf16 dense peak, communication overlapped; docs/plan.md)")
+        lines += predicted_lines(plan)
     return "\n".join(lines)
+
+
+def predicted_lines(plan: Plan) -> list[str]:
+    """The predicted step (trainer/plan/steptime.py) per kind, and auto's activation-checkpointing rows."""
+    lines = [
+        f"  {'GPU':<10} {'AC':>8} {'peak':>10} {'step (predicted)':>17} {'MFU':>6} {'ETA':>12}  where it goes"
+    ]
+    for k in plan.kinds:
+        if not k.step_s:
+            continue
+        top = sorted(k.step_parts.items(), key=lambda kv: -kv[1])[:3]
+        where = ", ".join(f"{name} {v / k.step_s:.0%}" for name, v in top)
+        lines.append(
+            f"  {k.name:<10} {k.activation_checkpointing:>8} {gib(k.peak_bytes or plan.memory['total']):>10} "
+            f"{k.step_s:>16.2f}s {k.mfu:>6.1%} {duration(k.eta_s):>12}  {where}"
+        )
+        for choice, peak, step, fits in k.ac_rows:
+            lines.append(
+                f"    auto: {choice:<8} peak {gib(peak)}, {step:.2f} s/step, "
+                + ("fits" if fits else "does not fit")
+            )
+    lines.append(
+        "  (predicted: calibrated on one H200 run, each constant and its source in trainer/plan/steptime.py)"
+    )
+    return lines
 
 
 def preflight_plan(cfg, world_size: int, nnodes: int, device_name: str) -> tuple[list[str], str | None]:
@@ -65,6 +96,9 @@ def preflight_plan(cfg, world_size: int, nnodes: int, device_name: str) -> tuple
         return [f"plan: GPU {device_name!r} is not in trainer/plan/gpus.py; memory check skipped"], None
     plan = make_plan(cfg, world_size, nnodes, [kind])
     notes = [format_plan(plan)]
+    if cfg.model.activation_checkpointing == "auto":  # the ranks run the plan's choice (config.json)
+        cfg.model.activation_checkpointing = plan.kinds[0].activation_checkpointing
+        notes.append(f"plan: model.activation_checkpointing=auto -> {cfg.model.activation_checkpointing}")
     refusal = refusal_message(cfg, plan, kind, world_size)
     if refusal and cfg.plan.allow_overfit:
         notes.append(f"WARNING: {refusal} -- plan.allow_overfit=true: running anyway")
@@ -76,6 +110,7 @@ def refusal_message(cfg, plan: Plan, kind: GpuKind, world_size: int) -> str | No
     verdict = plan.kinds[0]
     if verdict.fits:
         return None
+    plan.memory["total"] = int(verdict.peak_bytes or plan.memory["total"])
     largest = ", ".join(f"{name} {gib(value)}" for name, value in largest_categories(plan))
     changes = fitting_changes(cfg, world_size, kind)
     fit = [f"{what} (predicted {gib(peak)})" for what, peak, ok in changes if ok]

@@ -1,0 +1,84 @@
+"""The speed options of a run, resolved for a device: what `auto` means, and the one parser of each value.
+
+    compile_blocks(cfg, device)      -> bool   train.compile: auto = on for CUDA, off on CPU
+    ac_plan(cfg)                     -> AcPlan model.activation_checkpointing: none | full | op | block:K
+    prefetch_data(cfg, device)       -> bool   train.data_path: auto = prefetch on CUDA, inline on CPU
+    adamw_impl(cfg, device)          -> dict   train.optimizer: auto = fused on CUDA, for_loop on CPU
+
+None of them changes the maths (a checkpoint resumes across any of them). Each `auto` is the choice a
+measurement supports (docs/performance.md: the CPU numbers measured here; the CUDA defaults are torchtitan's
+and are pending the GPU run of bench/gpu_check.sh, which measures each against the option it replaced).
+model.activation_checkpointing=auto is resolved by the plan (trainer/plan/choices.py: the fastest choice
+predicted to fit) where the launcher plans for a known GPU; a rank that still sees `auto` uses `full` on
+CUDA (always fits where anything does) and `none` on CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+_BLOCK = re.compile(r"^block:(\d+)$")
+
+
+@dataclass(frozen=True)
+class AcPlan:
+    """Which blocks are checkpointed and how: mode none | full | op; every `every`-th block (1 = all)."""
+
+    mode: str
+    every: int = 1
+
+    def wraps(self, index: int) -> bool:
+        return self.mode != "none" and index % self.every == 0
+
+    @property
+    def name(self) -> str:
+        return f"block:{self.every}" if self.mode == "full" and self.every > 1 else self.mode
+
+
+def parse_ac(value: str, device_type: str = "cuda") -> AcPlan:
+    """model.activation_checkpointing -> AcPlan; `auto` unresolved by a plan: full on CUDA, none on CPU."""
+    value = str(value).lower()
+    if value == "auto":
+        value = "full" if device_type == "cuda" else "none"
+    m = _BLOCK.match(value)
+    if m:
+        return AcPlan("full", int(m.group(1))) if int(m.group(1)) > 1 else AcPlan("full")
+    if value in ("true", "full"):
+        return AcPlan("full")
+    if value in ("false", "none"):
+        return AcPlan("none")
+    if value == "op":
+        return AcPlan("op")
+    raise ValueError(f"model.activation_checkpointing={value!r}: expected auto, none, full, op or block:K")
+
+
+def ac_plan(cfg, device_type: str = "cuda") -> AcPlan:
+    return parse_ac(cfg.model.activation_checkpointing, device_type)
+
+
+def _auto(value: str, device: torch.device | str, on_cuda: str, on_cpu: str) -> str:
+    value = str(value).lower()
+    if value != "auto":
+        return value
+    return on_cuda if torch.device(device).type == "cuda" else on_cpu
+
+
+def compile_blocks(cfg, device: torch.device | str) -> bool:
+    """train.compile: auto = compiled blocks on CUDA; on CPU off (bench/bench_compile.py measured it)."""
+    return _auto(cfg.train.compile, device, "true", "false") in ("true", "on", "1", "yes")
+
+
+def prefetch_data(cfg, device: torch.device | str) -> bool:
+    """train.data_path: auto = a background thread prepares the next micro-batch on CUDA; inline on CPU
+    (2 shared cores: a second busy thread slows the step, and data is < 1% of the CPU step)."""
+    return _auto(cfg.train.data_path, device, "prefetch", "inline") == "prefetch"
+
+
+def adamw_impl(cfg, device: torch.device | str) -> dict[str, bool]:
+    """AdamW's implementation flags: fused (CUDA kernels over all parameters), foreach or for_loop. auto:
+    fused on CUDA; for_loop on CPU (torch's own CPU default: foreach was not shown faster there)."""
+    choice = _auto(cfg.train.optimizer, device, "fused", "for_loop")
+    return {"fused": True} if choice == "fused" else {"foreach": choice == "foreach"}
