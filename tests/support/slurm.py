@@ -32,6 +32,10 @@ cgroups are not usable in this sandbox), with these test choices:
   `--nodes N` of them. Debian's 22.05 build runs several slurmd on one host this way (NodeHostname is
   this host for all of them). Their names (<host>-p1, ...) are not in DNS, so a job there needs its
   MASTER_ADDR set (127.0.0.1); the main node keeps the host's own name;
+- SchedulerParameters=bf_interval=1,sched_interval=5 (Slurm's defaults: 30 s and 60 s): a requeued job
+  is pending until its hold ends, and nothing but the next scheduling pass starts it then; with the
+  defaults that pass came 0-30 s later, a wait per requeued scenario; one backfill pass a second over 16
+  jobs costs nothing;
 - `first_job_id` (FirstJobId): bin/train derives torchrun's port from the job id (20000 + id % 20000),
   so two clusters that run at once (xdist workers) take job id ranges that do not meet; the ctld and
   slurmd ports are free ports picked at start.
@@ -152,6 +156,8 @@ def slurm_conf(
             "KillWait=60",  # 30 s by default; a test choice, see the module docstring
             "ReturnToService=2",
             "SchedulerType=sched/backfill",
+            # a test choice, see the module docstring: a requeued job starts within ~1 s of its hold
+            "SchedulerParameters=bf_interval=1,sched_interval=5",
             "MpiDefault=none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt",
