@@ -6,12 +6,13 @@
     watch.stop()
 
 Why: tests/test_slurm.py drives 16 jobs at once, each with its own thread; when every thread ran its
-own `scontrol show job <id>` every 0.2-0.5 s, the cluster answered ~50 queries a second (a process
+own `scontrol show job <id>` every 0.2-0.5 s, the cluster answered tens of queries a second (a process
 start, a munge credential and a slurmctld RPC each) on a 2-core host. One query for all jobs at the same
 interval gives every job the same or a denser sampling of its states, for a sixteenth of the queries.
 
-Contract: the record of a job is the one line of the last successful query that names it (a failed
-query keeps the previous records, as a transient `scontrol` error did not end a per-job poll either);
+Contract: the record of a job is the one line of the last successful query that names it (a failed or
+timed-out query keeps the previous records and the next interval asks again; a driver that stops seeing
+progress still fails on its own deadline);
 `states` accumulates every JobState of every successful query, so a state that lasts one interval is
 seen. `job()` waits for one query newer than the call (at most `fresh_s`), so a record read right after
 acting on the job (a signal, a release) is never older than the action.
