@@ -66,7 +66,12 @@ pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 def slurm(tmp_path_factory):
     try:
         root = tmp_path_factory.mktemp("slurm")
-        cluster = SlurmCluster.start(root, cpus=32, requeue_delay_s=5, pair_nodes=2, solo_nodes=1)
+        # torchrun's port is 20000 + job id: a block of ids of this run's own (below test_hang's 5001...),
+        # so that two runs of this module on one host (several checkouts) rarely share ports
+        first = 1 + 200 * (os.getpid() % 24)
+        cluster = SlurmCluster.start(
+            root, cpus=32, requeue_delay_s=5, pair_nodes=2, solo_nodes=1, first_job_id=first
+        )
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
