@@ -11,7 +11,9 @@ Synchronisation is by observation, never by sleeps: LINGBOT_TEST_PAUSE_AT makes 
 in PAUSE_DIR/reached and wait for PAUSE_DIR/release; a driver signals the job, waits for the launcher's
 stop file (proof the stop request reached bin/train), then releases the rank. The "slow save" scenarios
 pause rank 0 inside a checkpoint save (before its commit) and hold it there for SLOW_SAVE_S after the
-signal: a save that takes longer than a minute, as a 5B model's does.
+signal: a save that takes longer than a minute, as a 5B model's does. The drivers read Slurm's view of
+their jobs from one shared observer (tests/support/slurm_watch.py: one `scontrol` per 0.2 s for all jobs,
+not one per driver).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from tests.support.runs import (
     set_args,
     tiny,
 )
-from tests.support.slurm import PAIR_PARTITION, SlurmCluster, SlurmUnavailable
+from tests.support.slurm import PAIR_PARTITION, SOLO_PARTITION, SlurmCluster, SlurmUnavailable
+from tests.support.slurm_watch import JobWatch
 
 TINY = tiny(keep=3, tensorboard=None)
 NPROC = 2
@@ -63,7 +66,12 @@ pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 def slurm(tmp_path_factory):
     try:
         root = tmp_path_factory.mktemp("slurm")
-        cluster = SlurmCluster.start(root, cpus=32, requeue_delay_s=5, pair_nodes=2)
+        # torchrun's port is 20000 + job id: a block of ids of this run's own (below test_hang's 5001...),
+        # so that two runs of this module on one host (several checkouts) rarely share ports
+        first = 1 + 200 * (os.getpid() % 24)
+        cluster = SlurmCluster.start(
+            root, cpus=32, requeue_delay_s=5, pair_nodes=2, solo_nodes=1, first_job_id=first
+        )
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
@@ -81,6 +89,7 @@ class Scenario:
     job: str = ""
     seen_states: set[str] = field(default_factory=set)
     notes: dict = field(default_factory=dict)
+    watch: JobWatch | None = None  # the module's one observer of all jobs (the fixture `outcomes`)
 
     @property
     def run_dir(self) -> Path:
@@ -115,17 +124,24 @@ def generate_script(scenario: Scenario, env: dict[str, str]) -> None:
 # --- observing a job -------------------------------------------------------------------------------
 
 
+def observe(cluster: SlurmCluster, sc: Scenario) -> dict[str, str]:
+    """Slurm's record of the scenario's job from a query newer than this call (the shared JobWatch: one
+    `scontrol` per 0.2 s for all jobs, which also paces the callers' loops), every state seen added."""
+    assert sc.watch is not None, sc.name
+    record = sc.watch.job(sc.job)
+    sc.seen_states |= sc.watch.states(sc.job)
+    return record
+
+
 def poll(cluster: SlurmCluster, sc: Scenario, ready: Callable[[], bool], timeout: float, what: str) -> None:
     """Wait for `ready()` while recording every JobState Slurm shows; fail if the job ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = cluster.job(sc.job).get("JobState", "?")
-        sc.seen_states.add(state)
+        state = observe(cluster, sc).get("JobState", "?")  # waits for the next query (every 0.2 s)
         if ready():
             return
         if state in FINAL:
             raise AssertionError(f"{sc.name}: job {sc.job} ended {state} before {what}:\n{slurm_output(sc)}")
-        time.sleep(0.2)  # polling for an event, with a deadline: not a sleep standing in for one
     raise AssertionError(f"{sc.name}: timed out waiting for {what}:\n{slurm_output(sc)}")
 
 
@@ -133,11 +149,9 @@ def wait_final(cluster: SlurmCluster, sc: Scenario, restarts_at_least: int = 0) 
     """Slurm's record once the job is in a final state (and has been requeued as often as asked)."""
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline:
-        record = cluster.job(sc.job)
-        sc.seen_states.add(record.get("JobState", "?"))
+        record = observe(cluster, sc)  # waits for the next query (every 0.2 s)
         if record.get("JobState") in FINAL and int(record.get("Restarts", 0)) >= restarts_at_least:
             return record
-        time.sleep(0.5)  # polling Slurm's own view with a deadline
     raise AssertionError(f"{sc.name}: job {sc.job} not final after {JOB_TIMEOUT} s:\n{slurm_output(sc)}")
 
 
@@ -263,7 +277,7 @@ def shorten_time_limit(cluster: SlurmCluster, sc: Scenario, lead_s: int) -> None
     30 s): within ~90 s, with at least lead_s - 30 s left before the limit itself. A short --time
     instead makes the warning land wherever a loaded host happens to be; at load average 20 every
     attempt was still in its preflight when it came, and none ever reached a step."""
-    limit_min = -(-(run_time_s(cluster.job(sc.job)) + lead_s) // 60)
+    limit_min = -(-(run_time_s(observe(cluster, sc)) + lead_s) // 60)
     cluster.run(["scontrol", "update", f"JobId={sc.job}", f"TimeLimit={limit_min}"])
 
 
@@ -274,10 +288,9 @@ def timeline(cluster: SlurmCluster, sc: Scenario, signalled: float, released: fl
     events = {"released": released - signalled}
     deadline = time.monotonic() + JOB_TIMEOUT
     while time.monotonic() < deadline:
+        record = observe(cluster, sc)  # waits for the next query (every 0.2 s)
         now = time.monotonic() - signalled
-        record = cluster.job(sc.job)
         state = record.get("JobState", "?")
-        sc.seen_states.add(state)
         if "saved" not in events and set(sc.run_dir.glob("checkpoints/*/COMPLETE")) - before:
             events["saved"] = now
         if "requeued" not in events and int(record.get("Restarts", 0)) >= 1:
@@ -287,7 +300,6 @@ def timeline(cluster: SlurmCluster, sc: Scenario, signalled: float, released: fl
         if state in FINAL:
             events["final"] = now
             return events
-        time.sleep(0.2)  # polling Slurm's view and the run dir, with a deadline
     return events
 
 
@@ -332,7 +344,9 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
         s = sc(f"time_limit{suffix}", "--time", str(TIME_LIMIT_MIN), "--signal-lead", str(lead))
         s.pause(point)
         out.append((s, drive_stop([], slow, time_limit_lead_s=lead)))
-        s = sc(f"requeue{suffix}")
+        s = sc(f"requeue{suffix}", *(["--partition", SOLO_PARTITION] if slow else []))
+        if slow:  # its save outlasts KillWait: Slurm starts nothing else on a node while a job completes,
+            s.env["MASTER_ADDR"] = "127.0.0.1"  # so on a node of its own (not in DNS, as the pair nodes)
         s.pause(point)
         out.append((s, drive_stop(["scontrol", "requeue"], slow)))
     # the path of the time-limit warning that lands while the ranks start: a stop at an attempt's first
@@ -379,17 +393,22 @@ def outcomes(slurm, tmp_path_factory, preflight_record):
     pool = ThreadPoolExecutor(max_workers=len(planned))
     found: dict[str, Outcome] = {}
     envs = {}
-    for scenario, _ in planned:  # every script first (bin/train --sbatch), then every job at once
+    for scenario, _ in planned:
         scenario.root.mkdir(parents=True, exist_ok=True)
         if scenario.name not in UNSEEDED:
             seed_preflight(scenario.run_dir, preflight_record)
         envs[scenario.name] = job_env(scenario, no_envs)
-        generate_script(scenario, envs[scenario.name])
+    # every script first (bin/train --sbatch, a few at once), then every job at once
+    with ThreadPoolExecutor(max_workers=4) as writers:
+        list(writers.map(lambda p: generate_script(p[0], envs[p[0].name]), planned))
+    watch = JobWatch(slurm)
     for scenario, drive in planned:
+        scenario.watch = watch
         scenario.job = slurm.sbatch(scenario.script, env=envs[scenario.name])
         found[scenario.name] = Outcome(scenario, pool.submit(drive, slurm, scenario))
     yield found
     pool.shutdown(wait=True, cancel_futures=True)
+    watch.stop()
     print(f"\ntest_slurm: {len(planned)} scenarios, {time.monotonic() - started:.0f} s wall")
 
 
@@ -424,9 +443,20 @@ def reference(outcomes) -> dict:
 # --- the tests -------------------------------------------------------------------------------------
 
 
+def test_run_to_completion(outcomes, reference):
+    sc, record = outcome(outcomes, "complete")
+    assert int(record["Restarts"]) == 0, record
+    result = summary(sc)
+    assert result["status"] == "completed" and result["exit_code"] == 0, result
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    log = slurm_log(sc)
+    assert "no provisioned env found; running in the tool environment" in log, tail(log)
+
+
 def test_generated_script_is_submittable_as_written(tmp_path, slurm):
     """CPU partition by default (no GPU request), CPUs per task set, a GPU request when asked, and a
-    --sbatch path or run dir that cannot be made is refused with exit 2."""
+    --sbatch path or run dir that cannot be made is refused with exit 2. (Placed after the first scenario
+    test: its bin/train runs overlap the other scenarios' jobs instead of delaying their start.)"""
     sc = Scenario("gen", tmp_path, tmp_path / "episodes")
     env = job_env(sc, tmp_path)
     generate_script(sc, env)
@@ -447,16 +477,6 @@ def test_generated_script_is_submittable_as_written(tmp_path, slurm):
         )  # fmt: skip
         assert done.returncode == 2, (bad, done.stderr)
         assert "Traceback" not in done.stderr and "exit 2" not in done.stdout, done.stderr
-
-
-def test_run_to_completion(outcomes, reference):
-    sc, record = outcome(outcomes, "complete")
-    assert int(record["Restarts"]) == 0, record
-    result = summary(sc)
-    assert result["status"] == "completed" and result["exit_code"] == 0, result
-    assert sorted(reference) == list(range(1, STEPS + 1))
-    log = slurm_log(sc)
-    assert "no provisioned env found; running in the tool environment" in log, tail(log)
 
 
 def test_the_compile_checks_run_once_per_node_and_env(outcomes):

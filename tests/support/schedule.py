@@ -37,6 +37,10 @@ from provision.atomic import write_atomic
 # The longest chains, measured (docs/tests.md): started first so they never end the run alone. Module
 # totals in a quiet clean-clone run with 4 workers (5669518; the first four start at once): hang 608 s,
 # envcheck 442 s, slurm 441 s, validate 320 s, resume 224 s, diskspace 138 s; all modules 3196 s.
+# Alone in one process on the loaded shared host (2026-12-05, bench/results/2026-12-05-suite-slurm.md):
+# slurm 587 s -> 467 s wall, 603 -> 589 CPU-s (the shared job observer, the solo node for requeue_slow,
+# a requeue's start 1 s after its hold); envcheck 330 s (its full --worker run 175 s: flex 71, cpp_extension
+# 62, inductor 42: the compiles it proves); validate 72 s at load 2.
 FIRST = (
     "tests/test_slurm.py",  # 16 scenarios at once on one cluster
     "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue

@@ -32,6 +32,14 @@ cgroups are not usable in this sandbox), with these test choices:
   `--nodes N` of them. Debian's 22.05 build runs several slurmd on one host this way (NodeHostname is
   this host for all of them). Their names (<host>-p1, ...) are not in DNS, so a job there needs its
   MASTER_ADDR set (127.0.0.1); the main node keeps the host's own name;
+- `solo_nodes=N` adds N more such nodes (<host>-s1, ...), each alone in partition SOLO_PARTITION: a job
+  whose teardown is meant to outlast KillWait runs there. While a job is COMPLETING on a node (here up to
+  KillWait = 60 s), slurmctld 22.05 started no other job on that node: four scenarios requeued in that
+  window each waited 28-42 s for it on the main node (measured in slurmctld.log);
+- SchedulerParameters=bf_interval=1,sched_interval=5 (Slurm's defaults: 30 s and 60 s): a requeued job
+  is pending until its hold ends, and nothing but the next scheduling pass starts it then; with the
+  defaults that pass came 0-30 s later, a wait per requeued scenario; one backfill pass a second over 16
+  jobs costs nothing;
 - `first_job_id` (FirstJobId): bin/train derives torchrun's port from the job id (20000 + id % 20000),
   so two clusters that run at once (xdist workers) take job id ranges that do not meet; the ctld and
   slurmd ports are free ports picked at start.
@@ -51,6 +59,7 @@ from pathlib import Path
 
 PACKAGES = ("slurm-wlm", "munge")
 PAIR_PARTITION = "pair"
+SOLO_PARTITION = "solo"
 BINARIES = ("munged", "mungekey", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 SBIN_DIRS = ("/usr/sbin", "/sbin")
 
@@ -103,6 +112,14 @@ def pair_node_names(node: str, count: int) -> list[str]:
     return [f"{node}-p{i}" for i in range(1, count + 1)]
 
 
+def solo_node_names(node: str, count: int) -> list[str]:
+    return [f"{node}-s{i}" for i in range(1, count + 1)]
+
+
+def extra_node_names(node: str, pair_nodes: int, solo_nodes: int) -> list[str]:
+    return [*pair_node_names(node, pair_nodes), *solo_node_names(node, solo_nodes)]
+
+
 def slurm_conf(
     root: Path,
     node: str,
@@ -111,17 +128,19 @@ def slurm_conf(
     gpus: int,
     pair_nodes: int = 0,
     first_job_id: int = 1,
+    solo_nodes: int = 0,
 ) -> str:
     memory = max(1024, int(_node_memory_mib() * 0.8))
     ctld_port, slurmd_port = _free_port(), _free_port()
     pairs = [
         f"NodeName={name} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} CPUs=4 "
         f"RealMemory={memory} State=UNKNOWN"
-        for name in pair_node_names(node, pair_nodes)
+        for name in extra_node_names(node, pair_nodes, solo_nodes)
     ]
-    if pairs:
-        pairs.append(f"PartitionName={PAIR_PARTITION} Nodes={','.join(pair_node_names(node, pair_nodes))} "
-                     "MaxTime=INFINITE State=UP")  # fmt: skip
+    for partition, names in ((PAIR_PARTITION, pair_node_names(node, pair_nodes)),
+                             (SOLO_PARTITION, solo_node_names(node, solo_nodes))):  # fmt: skip
+        if names:
+            pairs.append(f"PartitionName={partition} Nodes={','.join(names)} MaxTime=INFINITE State=UP")
     return "\n".join(
         [
             "# Written by tests/support/slurm.py: a private single-host cluster for the Slurm tests.",
@@ -152,6 +171,8 @@ def slurm_conf(
             "KillWait=60",  # 30 s by default; a test choice, see the module docstring
             "ReturnToService=2",
             "SchedulerType=sched/backfill",
+            # a test choice, see the module docstring: a requeued job starts within ~1 s of its hold
+            "SchedulerParameters=bf_interval=1,sched_interval=5",
             "MpiDefault=none",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt",
@@ -197,6 +218,7 @@ class SlurmCluster:
         gpus: int = 2,
         pair_nodes: int = 0,
         first_job_id: int = 1,
+        solo_nodes: int = 0,
     ) -> SlurmCluster:
         if os.geteuid() != 0:
             raise SlurmUnavailable("the Slurm daemons run as root here (SlurmUser=root) and we are not root")
@@ -205,10 +227,13 @@ class SlurmCluster:
         for sub in ("munge", "state", "spool", "jobs", "gres"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         node = socket.gethostname().split(".")[0]
-        for name in (node, *pair_node_names(node, pair_nodes)):
+        extra = extra_node_names(node, pair_nodes, solo_nodes)
+        for name in (node, *extra):
             (root / "spool" / name).mkdir(parents=True, exist_ok=True)
         conf = root / "slurm.conf"
-        conf.write_text(slurm_conf(root, node, cpus, requeue_delay_s, gpus, pair_nodes, first_job_id))
+        conf.write_text(
+            slurm_conf(root, node, cpus, requeue_delay_s, gpus, pair_nodes, first_job_id, solo_nodes)
+        )
         # slurmd 22.05 counts a gpu GRES by its File= entries (Count= alone reports 0 and drains the
         # node): placeholder files stand in for device nodes; with task/none nothing opens them.
         for i in range(gpus):
@@ -222,9 +247,9 @@ class SlurmCluster:
             cluster._start_munge()
             cluster._spawn("slurmctld", [_need("slurmctld"), "-D", "-i", "-f", str(conf)])
             cluster._spawn("slurmd", [_need("slurmd"), "-D", "-f", str(conf), "-N", node])
-            for name in pair_node_names(node, pair_nodes):
+            for name in extra:
                 cluster._spawn(f"slurmd:{name}", [_need("slurmd"), "-D", "-f", str(conf), "-N", name])
-            cluster._wait_node_idle(timeout=90, count=1 + pair_nodes)
+            cluster._wait_node_idle(timeout=90, count=1 + len(extra))
         except BaseException:
             cluster.stop()
             raise
