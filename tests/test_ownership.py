@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -219,13 +218,7 @@ def test_the_refusal_holds_on_a_second_mount(tmp_path, env, preflight_record):
         run_dir, pause = mount.path / "run", tmp_path / "pause"
         runs.seed_preflight(run_dir, preflight_record)
         argv = [
-            sys.executable,
-            "-m",
-            "trainer.launcher",
-            "furniture_train",
-            "2",
-            "--run-dir",
-            str(run_dir),
+            *runs.launcher_argv(run_dir),
             "--preflight-only",
             *runs.set_args([*runs.tiny(), f"data.path={tmp_path / 'episodes'}"]),
         ]

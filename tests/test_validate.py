@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.support.runs import seed_preflight
+from tests.support.runs import launcher_argv, seed_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -35,15 +34,7 @@ def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
     env["CONDA_ENVS_PATH"] = str(run_dir.parent / "no-envs")  # no provisioned env: the tool env
     env["OMP_NUM_THREADS"] = "1"
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer.launcher",
-        "furniture_train",
-        str(nproc),
-        "--run-dir",
-        str(run_dir),
-    ]
+    argv = launcher_argv(run_dir, nproc)
     for item in [*TINY, f"data.path={data_dir}", *sets]:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -87,15 +87,7 @@ def launch(
 ) -> subprocess.Popen:
     """`python -m trainer.launcher furniture_train NPROC` on the tiny run (or `overrides`) plus `sets`;
     stderr joins stdout unless `split_stderr`."""
-    argv = [
-        sys.executable,
-        "-m",
-        "trainer.launcher",
-        "furniture_train",
-        str(nproc),
-        "--run-dir",
-        str(run_dir),
-    ]
+    argv = launcher_argv(run_dir, nproc)
     argv += set_args([*(tiny() if overrides is None else overrides), f"data.path={data_dir}", *sets])
     return subprocess.Popen(
         argv,
@@ -105,6 +97,12 @@ def launch(
         stderr=subprocess.PIPE if split_stderr else subprocess.STDOUT,
         text=True,
     )
+
+
+def launcher_argv(run_dir: Path, nproc: int = 2) -> list[str]:
+    """`python -m trainer.launcher furniture_train NPROC --run-dir RUN_DIR`: what bin/train execs."""
+    launcher = [sys.executable, "-m", "trainer.launcher"]
+    return [*launcher, "furniture_train", str(nproc), "--run-dir", str(run_dir)]
 
 
 def finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int, str, str]:
