@@ -235,8 +235,19 @@ def test_bad_messages_get_an_error_and_the_other_connection_keeps_working(traine
     finally:
         c.close()
         d.close()
-    assert sum("bad request" in line for line in server.lines) - before >= 6
+    assert _said(server, lambda lines: sum("bad request" in line for line in lines) - before >= 6)
     assert server.proc.poll() is None
+
+
+def _said(server: Served, predicate, timeout: float = 30) -> bool:
+    """Whether the server's output (read by a thread) holds a line satisfying `predicate`, polled with
+    a deadline: a log line reaches `lines` a moment after the reply that it accompanies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate(list(server.lines)):
+            return True
+        time.sleep(0.05)  # polling the reader thread's list, with a deadline
+    return False
 
 
 def _status(uri: str, key: str | None) -> int:
@@ -248,7 +259,7 @@ def _status(uri: str, key: str | None) -> int:
 def test_refused_without_the_key_and_beyond_the_limits(server):
     assert _status(server.uri, None) == 401
     assert _status(server.uri, "wrong") == 401
-    assert any("missing or wrong Authorization" in line for line in server.lines)
+    assert _said(server, lambda lines: any("missing or wrong Authorization" in line for line in lines))
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10) as r:
         assert r.status == 200 and r.read() == b"OK\n"
     big = PolicyClient(server.uri, KEY)
@@ -317,6 +328,6 @@ def test_sigterm_stops_it_with_exit_0_and_nothing_left(server):
         os.killpg(server.proc.pid, 0)  # its process group is empty: nothing left running
     with pytest.raises(OSError):
         PolicyClient(server.uri, KEY, open_timeout=5)
-    assert any("SIGTERM: stopping" in line for line in server.lines)
+    assert _said(server, lambda lines: any("SIGTERM: stopping" in line for line in lines))
     assert not [line for line in server.lines if "Warning" in line], "\n".join(server.lines)  # issue 30
     client.close()
