@@ -7,7 +7,7 @@ import torch
 
 from tests.support.lingbot_tiny import tiny_cfg
 from trainer.config import ConfigError, RunConfig, apply_overrides, check_config
-from trainer.config.perf import AcPlan, adamw_impl, compile_blocks, parse_ac
+from trainer.config.perf import AcPlan, adamw_impl, compile_blocks, parse_ac, prefetch_data
 
 pytestmark = pytest.mark.fast
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
@@ -15,7 +15,10 @@ CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 
 def test_auto_means_the_measured_default_per_device():
     cfg = RunConfig()
-    assert compile_blocks(cfg, CUDA) and not compile_blocks(cfg, CPU)
+    assert not compile_blocks(cfg, CUDA) and not compile_blocks(cfg, CPU)  # unmeasured on a GPU: off
+    assert not prefetch_data(cfg, CUDA) and not prefetch_data(cfg, CPU)
+    cfg.train.compile, cfg.train.data_path = "true", "prefetch"
+    assert compile_blocks(cfg, CPU) and prefetch_data(cfg, CPU)
     assert adamw_impl(cfg, CUDA) == {"fused": True} and adamw_impl(cfg, CPU) == {"foreach": False}
     assert parse_ac("auto", "cuda") == AcPlan("full") and parse_ac("auto", "cpu") == AcPlan("none")
     cfg.train.compile, cfg.train.optimizer = "false", "foreach"

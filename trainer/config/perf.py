@@ -1,13 +1,14 @@
 """The speed options of a run, resolved for a device: what `auto` means, and the one parser of each value.
 
-    compile_blocks(cfg, device)      -> bool   train.compile: auto = on for CUDA, off on CPU
+    compile_blocks(cfg, device)      -> bool   train.compile: auto = off (unmeasured on a GPU)
     ac_plan(cfg)                     -> AcPlan model.activation_checkpointing: none | full | op | block:K
-    prefetch_data(cfg, device)       -> bool   train.data_path: auto = prefetch on CUDA, inline on CPU
+    prefetch_data(cfg, device)       -> bool   train.data_path: auto = inline (same)
     adamw_impl(cfg, device)          -> dict   train.optimizer: auto = fused on CUDA, for_loop on CPU
 
 None of them changes the maths (a checkpoint resumes across any of them). Each `auto` is the choice a
-measurement supports (docs/performance.md: the CPU numbers measured here; the CUDA defaults are torchtitan's
-and are pending the GPU run of bench/gpu_check.sh, which measures each against the option it replaced).
+measurement supports (docs/performance.md: the CPU numbers measured here). On CUDA, compile and prefetch
+(torchtitan's choices) stay off until the GPU run of bench/gpu_check.sh measures each faster than the
+behaviour before them; fused AdamW was already the CUDA default.
 model.activation_checkpointing=auto is resolved by the plan (trainer/plan/choices.py: the fastest choice
 predicted to fit) where the launcher plans for a known GPU; a rank that still sees `auto` uses `full` on
 CUDA (always fits where anything does) and `none` on CPU.
@@ -67,14 +68,18 @@ def _auto(value: str, device: torch.device | str, on_cuda: str, on_cpu: str) -> 
 
 
 def compile_blocks(cfg, device: torch.device | str) -> bool:
-    """train.compile: auto = compiled blocks on CUDA; on CPU off (bench/bench_compile.py measured it)."""
-    return _auto(cfg.train.compile, device, "true", "false") in ("true", "on", "1", "yes")
+    """train.compile: auto = off on every device until a measurement says compiled blocks are faster: on
+    the CPU bench/bench_compile.py measured them slower over the main job (the first step's compile); on
+    CUDA no GPU run has measured them yet (bench/gpu_check.sh's "compile off" row against its candidate
+    row decides)."""
+    return _auto(cfg.train.compile, device, "false", "false") in ("true", "on", "1", "yes")
 
 
 def prefetch_data(cfg, device: torch.device | str) -> bool:
-    """train.data_path: auto = a background thread prepares the next micro-batch on CUDA; inline on CPU
-    (2 shared cores: a second busy thread slows the step, and data is < 1% of the CPU step)."""
-    return _auto(cfg.train.data_path, device, "prefetch", "inline") == "prefetch"
+    """train.data_path: auto = inline on every device until a measurement says the prefetching thread is
+    faster: on the CPU it was not (2 shared cores: a second busy thread slows the step, and data is < 1%
+    of the CPU step); on CUDA no GPU run has measured it yet (bench/gpu_check.sh's "inline data" row)."""
+    return _auto(cfg.train.data_path, device, "inline", "inline") == "prefetch"
 
 
 def adamw_impl(cfg, device: torch.device | str) -> dict[str, bool]:

@@ -127,9 +127,9 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
     # Speed options (trainer/config/perf.py, docs/performance.md); none changes the maths, a checkpoint
-    # resumes across them. compile: torch.compile each block (auto: on CUDA, off on CPU) | true | false.
+    # resumes across them. compile: torch.compile each block (auto: off until measured on a GPU) | true | false.
     compile: str = "auto"
-    data_path: str = "auto"  # auto (prefetch on CUDA, inline on CPU) | inline | prefetch (a thread)
+    data_path: str = "auto"  # auto (inline until measured on a GPU) | inline | prefetch (a thread)
     optimizer: str = "auto"  # AdamW: auto (fused on CUDA, for_loop on CPU) | fused | foreach | for_loop
     fsdp_prefetch: int = 0  # 0: FSDP2's implicit prefetch | N: explicitly prefetch the next N blocks
     # A NaN/Inf loss or grad_norm (trainer/loop/divergence.py): stop ends the run at that step (no update, no
