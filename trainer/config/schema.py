@@ -127,7 +127,7 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto: bf16 params / fp32 reduce on GPU, fp32 on CPU | bf16 | fp32
     log_every: int = 1
     # Speed options (trainer/config/perf.py, docs/performance.md); none changes the maths, a checkpoint
-    # resumes across them. compile: torch.compile each block (auto: off until measured on a GPU) | true | false.
+    # resumes across them. compile: compile each block: auto (off until a GPU measures it), true, false
     compile: str = "auto"
     data_path: str = "auto"  # auto (inline until measured on a GPU) | inline | prefetch (a thread)
     optimizer: str = "auto"  # AdamW: auto (fused on CUDA, for_loop on CPU) | fused | foreach | for_loop
