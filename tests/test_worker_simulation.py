@@ -236,6 +236,35 @@ def test_lerobot_decoders_load_and_run_without_a_toolchain(worker, worker_env, t
 
 
 @pytest.mark.heavy
+def test_serve_codec_and_plots_load_without_a_toolchain(worker, worker_env, tmp_path):
+    """bin/serve's msgpack (its C extension) and websockets, and bin/evaluate's matplotlib (Agg, its native
+    rasteriser) load on a compiler-less worker: a numpy frame round-trips through the protocol's codec
+    with msgpack's C implementation, and a PNG is rendered."""
+    code = textwrap.dedent(
+        """
+        import shutil, sys
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt, msgpack, numpy as np, websockets
+        from msgpack import _cmsgpack  # the C extension, not the pure-Python fallback
+        from trainer.inference.protocol import pack, unpack
+        assert shutil.which("gcc") is None and shutil.which("cc") is None
+        frame = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)
+        back = unpack(pack({"obs": {"cam": frame}}))["obs"]["cam"]
+        assert back.dtype == np.uint8 and (back == frame).all()
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 0])
+        fig.savefig(sys.argv[1])
+        print(open(sys.argv[1], "rb").read(8) == b"\\x89PNG\\r\\n\\x1a\\n", websockets.__version__)
+        """
+    )
+    png = tmp_path / "plot.png"
+    done = worker.run([sys.executable, "-c", code, str(png)], env=worker_env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "15.0.1"], done.stdout
+
+
+@pytest.mark.heavy
 def test_py_spy_dumps_a_python_stack_without_a_toolchain(worker, worker_env):
     """The stall detector's py-spy (trainer/launcher/stall.py, beside the env's python) runs on a
     compiler-less worker and reads a live interpreter's stack: the innermost frame is the one waiting."""
