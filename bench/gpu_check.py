@@ -4,7 +4,7 @@ measured against the plan (trainer/plan/: peak memory, predicted step time), wri
     python bench/gpu_check.py --out gpu_check.json [--layers 4] [--steps 3] [--budget-s 290] [--dry-run]
     python bench/gpu_check.py --out gpu_check.json --single [--layers 4] [--set KEY=VALUE ...]
 
-Default: the matrix of bench/gpu_matrix.py (the new defaults, the configuration they replaced, the full
+Default: the matrix of bench/gpu_matrix.py (the candidates, the configuration they would replace, the full
 30-layer model or the deepest that fits, one option changed at a time), plus gpu_check.md beside the
 JSON. --single: the one config of --layers/--set (the 2026-12-04 check). Each config: the cluster config
 (furniture_train, no cpu_scale) with model.depth=--layers, random init, compiled FlexAttention with the

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, as one call (<= 8 min on one GPU): envcheck's table with its GPU checks (<= 90 s), then
-# bench/gpu_check.py's matrix (bench/gpu_matrix.py, <= 360 s: the new defaults, the 2026-12-04 config
+# bench/gpu_check.py's matrix (bench/gpu_matrix.py, <= 360 s: the candidate defaults, the 2026-12-04 config (the defaults until measured)
 # they replace, the full 30-layer model or the deepest the plan fits, then one option changed at a time;
 # 3 steps each at the cluster config's shapes; step-time breakdown, MFU, recompiles, peak memory and
 # step time against trainer/plan's predictions). Writes gpu_check.json and the table gpu_check.md.

@@ -5,9 +5,9 @@ in one process on one GPU, within a time budget; one JSON file and one markdown 
     dry_matrix(layers, accum, extra, md)   # anywhere: every row's config built and predicted, nothing run
 
 Rows (the cluster config's shapes: 4,224 tokens per micro-batch, --layers blocks, --grad-accum):
-the new defaults; the 2026-12-04 configuration they replace (blocks eager, full AC, inline data); the
+the candidates; the 2026-12-04 configuration, still the defaults (blocks eager, full AC, inline data); the
 full 30-layer model (or the deepest the plan says fits one GPU, said in the row) with the plan's
-activation-checkpointing choice; then one option changed at a time from the new defaults (compile off,
+activation-checkpointing choice; then one option changed at a time from the candidates (compile off,
 AC full / op / block:2, inline data, foreach AdamW, explicit FSDP2 prefetch). Plans are traced first,
 before any real step (the FakeTensor fix of 2026-12-04 is exercised by that order), once per
 activation-checkpointing choice. Each row records step time and breakdown, MFU, peak memory against the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 NEW = {"train.compile": "true", "model.activation_checkpointing": "none", "train.data_path": "prefetch"}
 ROWS: list[tuple[str, dict]] = [
-    ("new defaults (compile, AC none, prefetch, fused AdamW)", NEW),
+    ("candidate defaults (compile, AC none, prefetch, fused AdamW)", NEW),
     (
         "2026-12-04 config (eager blocks, AC full, inline data)",
         {"train.compile": "false", "model.activation_checkpointing": "full", "train.data_path": "inline"},

@@ -144,7 +144,7 @@ def test_gpu_check_dry_run_measures_nothing(tmp_path):
     assert result["status"] == "no_gpu" and "peak_allocated_bytes" not in result and "mfu" not in result
     assert result["parameters"] > 1e8  # the cluster block shapes, a few layers
     table = (tmp_path / "gpu_check.md").read_text()  # the matrix's rows: built and predicted, not run
-    assert "new defaults" in table and "2026-12-04 config" in table and "| 30 |" in table
+    assert "candidate defaults" in table and "2026-12-04 config" in table and "| 30 |" in table
     assert table.count("not run (dry run)") == table.count("\n| ") - 1  # every row, none measured
 
 
