@@ -69,8 +69,8 @@ def test_an_error_in_the_thread_reaches_the_loop():
         fetched.close()
 
 
-def test_auto_prefetches_on_cuda_only(stream):
+def test_auto_is_inline_until_a_gpu_measures_prefetch(stream):
     cfg = small_cfg("unused")
-    assert prefetch_data(cfg, torch.device("cuda")) and not prefetch_data(cfg, torch.device("cpu"))
+    assert not prefetch_data(cfg, torch.device("cuda")) and not prefetch_data(cfg, torch.device("cpu"))
     cfg.train.data_path = "prefetch"
     assert prefetch_data(cfg, torch.device("cpu"))
