@@ -148,6 +148,12 @@ def nvidia_device_nodes() -> list[str]:
     return sorted(glob.glob("/dev/nvidia[0-9]*"))
 
 
+def cpu_only_node() -> bool:
+    """No /dev/nvidia[0-9]* and no loadable libcuda.so.1: no CUDA device can be used here, so a caller
+    need not import torch to count GPUs (bin/train's launcher on a CPU node, envcheck's GPU checks)."""
+    return not nvidia_device_nodes() and cuda_driver_version() is None
+
+
 def cuda_driver_version() -> int | None:
     """The CUDA version the installed driver supports (cuDriverGetVersion: 12080 = 12.8), None without
     a loadable libcuda.so.1."""

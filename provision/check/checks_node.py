@@ -112,7 +112,7 @@ def check_inductor_cache_fs(ctx: Context) -> Outcome:
 
 
 def gpu_absent_reason(ctx: Context) -> str:
-    if nodeinfo.nvidia_device_nodes() or nodeinfo.cuda_driver_version() is not None:
+    if not nodeinfo.cpu_only_node():
         return ""
     return "CPU-only node: no /dev/nvidia[0-9]* and no loadable libcuda.so.1"
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from trainer.checkpoint.layout import MARKER, CheckpointInfo
+
+if TYPE_CHECKING:  # torch is imported where a tensor is read: the launcher's check of a marked checkpoint
+    import torch  # (every checkpoint this version writes) needs none
 
 FINITE_KEY = "finite"  # COMPLETE marker key: this version checked every tensor before the save
 
@@ -29,6 +31,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def first_nonfinite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
     """The first parameter or optimizer moment whose shard on this rank holds a non-finite value; None
     when all are finite. One device->host sync for the whole check."""
+    import torch
+
     named = [(name, p) for name, p in model.named_parameters()]
     names = {id(p): name for name, p in named}
     tensors = [(name, _local(p.detach())) for name, p in named]
@@ -49,12 +53,13 @@ def nonfinite_in_checkpoint(info: CheckpointInfo, batch_bytes: int = 1 << 30) ->
     """A tensor of checkpoint `info` holding NaN/Inf (its DCP key and the value), or None. A checkpoint
     whose COMPLETE marker says `finite` was checked tensor by tensor before it was written and is not
     read again; any other (an older version's, one made by hand) is read, `batch_bytes` at a time."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     marker = json.loads((info.path / MARKER).read_text())
     if marker.get(FINITE_KEY) is True:
         return None
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     metadata = dcp.FileSystemReader(str(info.path)).read_metadata()
     batch: dict[str, torch.Tensor] = {}
     size = 0

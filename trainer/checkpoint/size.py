@@ -41,14 +41,13 @@ class ModelSize:
 
 
 def model_size(cfg: RunConfig) -> ModelSize:
-    """Parameter and tensor counts of the model this config trains, built on the meta device (no memory)."""
-    import torch
+    """Parameter and tensor counts of the model this config trains, from its parameter table
+    (trainer/model/shapes.py: no torch, no model built)."""
+    from trainer.model.shapes import parameter_table
 
-    from trainer.model import WorldModel
-
-    with torch.device("meta"):
-        model = WorldModel(cfg)
-    return ModelSize.of(list(model.parameters()))
+    table = parameter_table(cfg.model)
+    trained = [p for p in table if p.trained]
+    return ModelSize(sum(p.numel for p in table), len(table), sum(p.numel for p in trained), len(trained))
 
 
 def estimate_bytes(cfg: RunConfig, size: ModelSize, world_size: int) -> int:

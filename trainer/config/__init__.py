@@ -6,7 +6,10 @@ loaded (load.py: presets/<name>.yaml, the `cpu_scale:` block, `--set`).
     check_config(cfg)               # ConfigError naming the key, the value and what is allowed
 
 schema.py imports nothing of the project; rules.py imports schema; load.py imports both. This package's
-public names are re-exported here so callers need not know which of the three holds them.
+public names are re-exported here so callers need not know which of the three holds them. Beside them:
+perf.py (the speed options, resolved for a device) and released.py (a released checkpoint's config.json,
+the third source of a model's dimensions after the YAML and `--set`); neither imports torch, so the
+launcher plans and refuses on a login node without it.
 """
 
 from trainer.config.load import (

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _BLOCK = re.compile(r"^block:(\d+)$")
 
@@ -64,7 +66,14 @@ def _auto(value: str, device: torch.device | str, on_cuda: str, on_cpu: str) -> 
     value = str(value).lower()
     if value != "auto":
         return value
-    return on_cuda if torch.device(device).type == "cuda" else on_cpu
+    return on_cuda if device_type(device) == "cuda" else on_cpu
+
+
+def device_type(device: torch.device | str) -> str:
+    """The device's type ("cuda" for torch.device("cuda:1") or "cuda:1") without importing torch: the
+    launcher, which plans with these rules, never imports torch on a CPU node."""
+    kind = getattr(device, "type", None)
+    return kind if isinstance(kind, str) else str(device).split(":", 1)[0]
 
 
 def compile_blocks(cfg, device: torch.device | str) -> bool:

@@ -179,6 +179,10 @@ def env_key_name(prefix: Path, provisioned: bool) -> str:
 def detected_gpu_kind() -> str:
     """<kind> of the cache key when the env's hooks do not set LINGBOT_GPU_KIND: the first GPU's name
     (lower case, alphanumerics and dashes), cpu without one."""
+    from provision.nodeinfo import cpu_only_node
+
+    if cpu_only_node():
+        return "cpu"
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:

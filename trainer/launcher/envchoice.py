@@ -20,6 +20,12 @@ DEFAULT_ENV = "lingbot-b200"
 
 
 def gpu_count() -> int:
+    """torch's count of usable CUDA devices; 0 without importing torch on a CPU-only node (no NVIDIA
+    device node, no libcuda), where torch would say 0 after a 2-s import."""
+    from provision.nodeinfo import cpu_only_node
+
+    if cpu_only_node():
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

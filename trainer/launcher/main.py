@@ -51,10 +51,10 @@ from trainer.attempt import (
     read_summary,
     summary_path,
 )
-from trainer.checkpoint.checkpointer import resume_conflicts, scan
 from trainer.checkpoint.finite import nonfinite_in_checkpoint
-from trainer.checkpoint.layout import quarantine_damaged
+from trainer.checkpoint.layout import quarantine_damaged, resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
+from trainer.config.released import PretrainedConflict, PretrainedError, apply_pretrained_config
 from trainer.launcher import early, nodes, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
@@ -78,7 +78,6 @@ from trainer.launcher.summaries import (
     write_running_summary,
 )
 from trainer.launcher.tempdirs import clean_stale_temp_dirs
-from trainer.model.weights import PretrainedConflict, PretrainedError, apply_pretrained_config
 
 KEEP_ATTEMPTS = 10
 

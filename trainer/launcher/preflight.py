@@ -238,8 +238,8 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     existing checkpoints already take; PreflightError names both numbers.
     Returns notes (the estimate; a warning when checkpoint.skip_space_check overrides a refusal)."""
     from provision.nodeinfo import free_bytes, mount_of
-    from trainer.checkpoint.checkpointer import scan
     from trainer.checkpoint.diskspace import human
+    from trainer.checkpoint.layout import scan
     from trainer.checkpoint.size import estimate_bytes, model_size
 
     one = estimate_bytes(cfg, model_size(cfg), world_size)

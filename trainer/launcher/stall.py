@@ -231,9 +231,7 @@ class StallDetector:
         records = [self.attempt.read_rank(r) for r in range(self.world_size)]
         if not all(r is not None and r.status == COMPLETED for r in records) or progress.last_step is None:
             return None
-        from trainer.checkpoint.checkpointer import (
-            scan,  # the checkpoint on disk (an asynchronous save commits late)
-        )
+        from trainer.checkpoint.layout import scan  # on disk (an asynchronous save commits late)
 
         complete, _ = scan(self.attempt.dir.parent.parent / "checkpoints")
         if not complete or complete[-1].step != progress.last_step:

@@ -28,8 +28,8 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
-from trainer.checkpoint.checkpointer import scan
 from trainer.checkpoint.diskspace import OutOfSpace, guard
+from trainer.checkpoint.layout import scan
 from trainer.config import RunConfig
 from trainer.launcher import supervise
 from trainer.launcher.console import say
