@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,8 @@ import pytest
 
 from provision import install, lock, probes
 from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
-from provision.check.context import Context
-from provision.check.table import TABLE, run_table
+from provision.check.context import Context, Outcome
+from provision.check.table import TABLE, CheckSpec, run_table
 from provision.envvars import job_environment
 from provision.spec import load_spec
 from tests.support.channel import index_channel
@@ -314,6 +315,44 @@ def test_a_skipped_check_names_the_prerequisite_that_failed(tmp_path):
     )
     for name in ("variables.CC", "variables.CXX", "toolchain.sysroot", "compile.cpp_extension"):
         assert checks[name].status == SKIP and "see variables.file" in checks[name].message, checks[name]
+
+
+@pytest.mark.fast
+def test_slow_checks_run_at_once_and_wait_only_for_their_prerequisites(tmp_path):
+    """Two slow rows meet at a barrier (they can only pass it together), a third needs the first to PASS
+    and sees its result, a plain row after them runs meanwhile, and the report keeps the table's order."""
+    seen: dict[str, str] = {}
+
+    def meet(both: threading.Barrier):
+        def run(_ctx: Context) -> Outcome:
+            both.wait()  # BrokenBarrierError (a FAIL) unless the other row runs at the same time
+            return Outcome(PASS, "met the other")
+
+        return run
+
+    def after(c: Context) -> Outcome:
+        first = c.result("slow.a")
+        seen["slow.a"] = first.status if first is not None else "missing"
+        return Outcome(PASS, "ran after slow.a")
+
+    def rows(both: threading.Barrier, slow: bool) -> tuple[CheckSpec, ...]:
+        mark = "x" if slow else ""
+        return (
+            CheckSpec("slow.a", meet(both), slow=mark),
+            CheckSpec("slow.needs_a", after, needs_pass=("slow.a",), slow=mark),
+            CheckSpec("plain", lambda c: Outcome(PASS, "inline")),
+            CheckSpec("slow.b", meet(both), slow=mark),
+        )
+
+    ctx = Context(prefix=tmp_path, worker=False, fast=False, caller_env={})
+    checks = run_table(ctx, rows(threading.Barrier(2, timeout=60), slow=True))
+    assert [c.name for c in checks] == ["slow.a", "slow.needs_a", "plain", "slow.b"]
+    assert all(c.status == PASS for c in checks), checks
+    assert seen == {"slow.a": PASS} and not ctx.running
+    # the same rows, none slow, run one after another: the barrier breaks, so the check above is real
+    ctx = Context(prefix=tmp_path, worker=False, fast=False, caller_env={})
+    serial = {c.name: c.status for c in run_table(ctx, rows(threading.Barrier(2, timeout=1), slow=False))}
+    assert serial["slow.a"] == FAIL and serial["slow.b"] == FAIL, serial
 
 
 # --- inside the worker simulation ---------------------------------------------------------------------

@@ -28,7 +28,9 @@ TIMEOUT = 900  # a tiny run takes ~1 min; a shared machine under load takes much
 pytestmark = pytest.mark.heavy
 
 
-def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path | None = None) -> str:
+def start(
+    run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path | None = None
+) -> subprocess.Popen:
     if record is not None:  # the session's compile-check pass (tests/support/runs.py); not a preflight test
         seed_preflight(run_dir, record)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
@@ -37,9 +39,24 @@ def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path 
     argv = launcher_argv(run_dir, nproc)
     for item in [*TINY, f"data.path={data_dir}", *sets]:
         argv += ["--set", item]
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out + err
+    return out
+
+
+def run(run_dir: Path, data_dir: Path, *sets: str, nproc: int = 2, record: Path | None = None) -> str:
+    return finish(start(run_dir, data_dir, *sets, nproc=nproc, record=record))
 
 
 def records(run_dir: Path) -> dict[int, dict]:
@@ -98,15 +115,18 @@ def test_training_after_an_evaluation_is_bit_for_bit_the_same(
 ):
     run_dir, _ = validated
     expected = records(run_dir)
-    plain = tmp_path / "plain"
-    run(plain, data_dir, "train.steps=4", "checkpoint.validate=false", record=preflight_record)
+    plain, resumed = tmp_path / "plain", tmp_path / "resumed"  # two run dirs: both first launches at once
+    first = [
+        start(plain, data_dir, "train.steps=4", "checkpoint.validate=false", record=preflight_record),
+        start(resumed, data_dir, "train.steps=2", record=preflight_record),  # evaluated at 2, resumed below
+    ]
+    for proc in first:
+        finish(proc)
     got = records(plain)
     assert {s: training(r) for s, r in got.items()} == {s: training(r) for s, r in expected.items()}
     assert not any("val_loss" in r for r in got.values())
     assert json.loads((plain / "summary.json").read_text())["validation"] is None
 
-    resumed = tmp_path / "resumed"  # 2 steps (evaluated at 2), then resumed to 4
-    run(resumed, data_dir, "train.steps=2", record=preflight_record)
     run(resumed, data_dir, "train.steps=4")
     again = records(resumed)
     assert {s: training(r) for s, r in again.items()} == {s: training(r) for s, r in expected.items()}

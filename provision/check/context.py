@@ -15,7 +15,9 @@ import getpass
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -119,12 +121,20 @@ class Context:
     chosen_by: str = "given"
     compile_as_caller: bool = False
     results: dict[str, Check] = field(default_factory=dict)  # filled by the table runner, in order
+    # slow checks running now (the table runner's threads): result() waits for one that is asked for
+    running: dict[str, Future[Check]] = field(default_factory=dict)
+    _interpreter_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _interpreter_memo: dict[str, probes.ProbeRun | None] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
         return env_name_of(self.prefix)
 
     def result(self, name: str) -> Check | None:
+        """Check `name`'s outcome: waits while it is still running; None when it is not (yet) run."""
+        running = self.running.get(name)
+        if running is not None:
+            return running.result()
         return self.results.get(name)
 
     # -- facts, each computed once -----------------------------------------------------------------
@@ -197,14 +207,20 @@ class Context:
         run = self.interpreter_run
         return run.result if run is not None and run.ok else None
 
-    @cached_property
+    @property
     def interpreter_run(self) -> probes.ProbeRun | None:
-        own = self.prefix / "bin" / "python"
-        if not os.access(own, os.X_OK):
-            return None
-        return probes.run_probe(
-            "interpreter", probes.script("interpreter"), str(own), self.job_env, timeout=120
-        )
+        """The interpreter probe, run once even when two checks' threads ask at the same time."""
+        with self._interpreter_lock:
+            if "run" not in self._interpreter_memo:
+                own = self.prefix / "bin" / "python"
+                self._interpreter_memo["run"] = (
+                    probes.run_probe(
+                        "interpreter", probes.script("interpreter"), str(own), self.job_env, timeout=120
+                    )
+                    if os.access(own, os.X_OK)
+                    else None
+                )
+            return self._interpreter_memo["run"]
 
     # -- running probes ----------------------------------------------------------------------------
     def probe_python(self) -> tuple[str, str]:

@@ -6,12 +6,19 @@ env's variables must be readable, or the caller's environment stands in for bin/
 fallback), `needs_pass` (checks that must have PASSed), `needs_not_fail` (checks that must not have
 FAILed; a callable when it depends on the node), `skip_when` (a reason to SKIP, e.g. no GPU here).
 A skipped check says which prerequisite failed. `stop_on_fail`: nothing after it can be checked.
+
+The slow rows (`slow`: real compiles, each a probe in its own process) run at once, each in a thread
+that first waits for its own prerequisites (Context.result waits for a running check): the whole
+--worker proof takes about as long as its longest chain (Inductor's kernel, then FlexAttention), not the
+sum of every compile. The other rows run in order on the calling thread; the report lists every row in
+the table's order whatever the order they finished in.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from provision.check import checks_compile as comp
@@ -130,12 +137,23 @@ def run_one(spec: CheckSpec, ctx: Context) -> Check:
 
 
 def run_table(ctx: Context, table: tuple[CheckSpec, ...] = TABLE) -> list[Check]:
-    """Every applicable row in order; results land in ctx.results for later rows' prerequisites."""
-    for spec in table:
-        if spec.only is not None and not spec.only(ctx):
-            continue
-        check = run_one(spec, ctx)
-        ctx.results[spec.name] = check
-        if spec.stop_on_fail and check.status == FAIL:
-            break
+    """Every applicable row; results land in ctx.results (in table order) for later rows' prerequisites.
+    Slow rows start at once in threads (see the module docstring); a row that reads one waits for it."""
+    rows = [spec for spec in table if spec.only is None or spec.only(ctx)]
+    slow = [spec for spec in rows if spec.slow]
+    done: dict[str, Check] = {}
+    with ThreadPoolExecutor(max_workers=max(1, len(slow)), thread_name_prefix="envcheck") as pool:
+        for spec in rows:
+            if spec.slow:  # every one gets a thread of its own: one waiting for another never starves it
+                ctx.running[spec.name] = pool.submit(run_one, spec, ctx)
+                continue
+            check = done[spec.name] = run_one(spec, ctx)
+            ctx.results[spec.name] = check
+            if spec.stop_on_fail and check.status == FAIL:
+                break
+        for name, future in list(ctx.running.items()):
+            done[name] = future.result()
+    ctx.running.clear()
+    ctx.results.clear()
+    ctx.results.update((spec.name, done[spec.name]) for spec in rows if spec.name in done)
     return list(ctx.results.values())
