@@ -462,3 +462,25 @@ def test_summary_says_running_before_any_rank_starts(tmp_path, passing_checks, f
     assert start["exit_code"] is None and start["previous_status"] == "completed"
     end = json.loads((run_dir / "summary.json").read_text())
     assert end["status"] == "failed" and end["attempt"] == attempt_dir.name  # never the earlier `completed`
+
+
+@pytest.mark.fast
+def test_an_attempt_counts_as_used_only_for_another_launchs_files(tmp_path):
+    """What every node of a multi-node attempt writes (config.json, its atomic write's temporary file,
+    node<N>/ and node<N>.log) never makes node 0 refuse the attempt; a rank record or a stop file does."""
+    from provision.atomic import write_json_atomic
+
+    attempt = Attempt.of_run(tmp_path / "run", "slurm7-0-step1")
+    assert not attempt.used()
+    attempt.dir.mkdir(parents=True)
+    attempt.write_config(load_config("furniture_train", cpu_scale=True, overrides={}))
+    (attempt.dir / ".config.json.k2j4x1.tmp").write_text("{")  # node 1's write, caught mid-way
+    attempt.node_log_dir(1).mkdir()
+    attempt.output_log(1).write_text("")
+    assert not attempt.used()
+    for evidence in ("rank_0.json", "stop"):
+        write_json_atomic(attempt.dir / evidence, {})
+        assert attempt.used(), evidence
+        (attempt.dir / evidence).unlink()
+    (attempt.dir / ".rank_0.json.x.tmp").write_text("")  # any other file is another launch's
+    assert attempt.used()

@@ -113,6 +113,24 @@ def test_inductor_precompiled_headers_persist_through_the_ranks_tmpdir(tmp_path)
     assert not ranks_tmp.exists()  # the ranks' TMPDIR goes with the local copies
 
 
+def test_headers_inside_an_inductor_cache_dir_are_not_copied_for_the_ranks(tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR naming Inductor's default dir (torch exports it after a compile) holds
+    precompiled_headers/, which Inductor reads only from $TMPDIR: the ranks' copy leaves it out (155 MB a
+    header with torch 2.13), keeps every kernel entry, and a deeper dir of that name is an entry like any."""
+    inductor = tmp_path / "torchinductor_root"
+    make(inductor, {"precompiled_headers/abc.h.gch": "pch" * 1000, "fxgraph/x/entry": "graph",
+                    "ab/precompiled_headers/k.so": "kernel"})  # fmt: skip
+    env = {"HOME": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+    notes = localise_compile_caches(env, tmp_path / "scratch", "j", "tool-env", "cpu")
+    assert tree(Path(env["TORCHINDUCTOR_CACHE_DIR"])) == {
+        "fxgraph/x/entry": "graph",
+        "ab/precompiled_headers/k.so": "kernel",
+    }
+    assert any("TORCHINDUCTOR_CACHE_DIR" in n and ": 2 files" in n for n in notes), notes
+    write_back_compile_caches(env)
+    assert tree(inductor)["precompiled_headers/abc.h.gch"] == "pch" * 1000  # the original is untouched
+
+
 def _publisher(src: str, dest: str, barrier, results) -> None:
     barrier.wait()  # every writer starts publishing at the same moment
     results.put(publish(Path(src), Path(dest)).files)

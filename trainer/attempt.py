@@ -255,11 +255,13 @@ class Attempt:
 
     def used(self) -> bool:
         """True when another launch already left files here (reusing them would forge the verdict).
-        config.json and the node<N>/ log dirs do not count: every node of this attempt writes them, and
-        with several nodes another one may get there first."""
+        config.json (with the temporary file its atomic write leaves for a moment, `.config.json.*.tmp`)
+        and the node<N>/ log dirs do not count: every node of this attempt writes them, and with several
+        nodes another one may get there first (a test_slurm two-node job once found node 1's temporary
+        config file and refused to start node 0)."""
         if not self.dir.exists():
             return False
-        return any(p.name != CONFIG_NAME and not p.name.startswith("node") for p in self.dir.iterdir())
+        return any(not _written_by_every_node(p.name) for p in self.dir.iterdir())
 
     # the config: written once by the launcher, read by every rank
     def write_config(self, cfg: RunConfig) -> Path:
@@ -346,6 +348,11 @@ def record_hang(run_dir: Path, attempt_id: str, step: int | None) -> list[dict[s
     entry = {"attempt": attempt_id, "step": step, "time": time.time()}
     write_json_atomic(Path(run_dir) / HANGS_NAME, {"hangs": [*before, entry]})
     return before
+
+
+def _written_by_every_node(name: str) -> bool:
+    in_flight = name.startswith(f".{CONFIG_NAME}.") and name.endswith(".tmp")  # provision.atomic's temp file
+    return name == CONFIG_NAME or in_flight or name.startswith("node")
 
 
 def prune_attempts(run_dir: Path, keep: int) -> None:

@@ -95,6 +95,22 @@ def _ignore(_directory: str, names: list[str]) -> set[str]:
     return {n for n in names if _transient(n)}
 
 
+def _ignore_headers_in(root: Path):
+    """_ignore, and the precompiled_headers/ at the top of an Inductor cache dir: Inductor reads headers
+    only from $TMPDIR/torchinductor_<user>/precompiled_headers (codecache's default_cache_dir(), never
+    cache_dir()), so in the ranks' TORCHINDUCTOR_CACHE_DIR copy they are dead weight: 155 MB a header
+    with torch 2.13, copied by every launch when TORCHINDUCTOR_CACHE_DIR names Inductor's default dir
+    (torch itself exports it from a process that compiled; the suite's launches inherited 910 MiB)."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = _ignore(directory, names)
+        if os.path.realpath(directory) == os.path.realpath(root):
+            skipped |= {n for n in names if n == "precompiled_headers"}
+        return skipped
+
+    return ignore
+
+
 @dataclass
 class Published:
     """What one write-back added: files (counted inside new directories too) and bytes."""
@@ -209,7 +225,8 @@ def localise_compile_caches(
         local = local_root / var.lower() if var != PCH else inductor_header_dir(local_root / "tmp")
         started = time.perf_counter()
         if shared.is_dir():
-            shutil.copytree(shared, local, symlinks=True, ignore=_ignore, dirs_exist_ok=True)
+            ignore = _ignore_headers_in(shared) if var == "TORCHINDUCTOR_CACHE_DIR" else _ignore
+            shutil.copytree(shared, local, symlinks=True, ignore=ignore, dirs_exist_ok=True)
         local.mkdir(parents=True, exist_ok=True)
         seeded = _tree_size(local)
         env[var if var != PCH else "LINGBOT_LOCAL_" + PCH] = str(local)
