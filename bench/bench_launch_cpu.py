@@ -1,0 +1,94 @@
+"""The launcher's own cost per launch on a CPU node: bin/train's process start-up and a refused launch,
+in CPU seconds, against the imports every launch also pays in its ranks.
+
+    .venv/bin/python bench/bench_launch_cpu.py [--rounds 7] [--out bench/results/<date>-launch_cpu.md]
+
+Each command runs as a fresh process, the commands interleaved round by round (ABCD ABCD ...); CPU time
+is the child's user + system (resource.getrusage), medians over the rounds:
+  A  `python -c "import trainer.launcher.main"`: what bin/train's launcher imports
+  B  `python -m trainer.launcher furniture_train 2 --set train.lr=-1`: a launch refused by the config
+     rules (exit 2), start-up to exit
+  C  `python -c "import torch"`
+  D  `python -c "import trainer.loop.train"`: what every rank imports
+A launcher that imported torch paid C (or more: DCP pulls in torch.distributed.tensor and sympy) on each
+of the suite's ~130 launches, and on every launch of a Slurm job's two steps. Also asserts that A leaves
+torch unimported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TORCH_FREE = "import sys, trainer.launcher.main; sys.exit('torch' in sys.modules)"
+COMMANDS = {
+    "A launcher import": [sys.executable, "-c", TORCH_FREE],
+    "B refused launch (exit 2)": [sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--set",
+                                  "train.lr=-1"],
+    "C import torch": [sys.executable, "-c", "import torch"],
+    "D rank import": [sys.executable, "-c", "import trainer.loop.train"],
+}  # fmt: skip
+EXPECTED_EXIT = {"B refused launch (exit 2)": 2}
+
+
+def cpu_of(argv: list[str], expected: int) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != expected:
+        raise SystemExit(f"{argv}: exit {proc.returncode}, expected {expected}\n{proc.stderr[-2000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    from bench.common import machine
+
+    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for _ in range(args.rounds + 1):  # the first round warms the page cache and is not counted
+        for name, command in COMMANDS.items():
+            samples[name].append(cpu_of(command, EXPECTED_EXIT.get(name, 0)))
+    med = {name: statistics.median(values[1:]) for name, values in samples.items()}
+
+    def ratio(a: str, b: str) -> str:
+        return f"{med[a] / med[b]:.2f}"
+
+    lines = [
+        "# The launcher's CPU per launch",
+        "",
+        "machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()),
+        f"load average at the end: {' '.join(f'{x:.1f}' for x in __import__('os').getloadavg())}",
+        f"command: `.venv/bin/python bench/bench_launch_cpu.py --rounds {args.rounds}`",
+        "",
+        "| process | CPU s median | min | max |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {med[name]:.2f} | {min(v[1:]):.2f} | {max(v[1:]):.2f} |"
+            for name, v in samples.items()
+        ),
+        "",
+        f"launcher import / torch import: {ratio('A launcher import', 'C import torch')}; "
+        f"refused launch / rank import: {ratio('B refused launch (exit 2)', 'D rank import')}; "
+        "the launcher import leaves torch unimported (A exits 0 only then)",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        from provision.atomic import write_atomic
+
+        write_atomic(args.out, text.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
