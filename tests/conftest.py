@@ -15,6 +15,11 @@ preflight_record   session; the record of one real `--preflight-only` pass of th
                    made once per run for all xdist workers (schedule.once)
                    (tests/support/runs.py: seed_preflight puts it in a run dir, where the product's own
                    reuse rule decides whether it applies).
+
+Each test starts with the compile-cache variables the session started with (autouse): torch exports
+TORCHINDUCTOR_CACHE_DIR into the process that compiled (torch/_inductor/runtime/cache_dir_utils.py), and
+a later test's bin/train launched from that pytest worker would inherit it and treat Inductor's default
+dir, with every kernel the compile tests made, as its persistent cache, copying it on each launch.
 """
 
 from __future__ import annotations
@@ -42,6 +47,21 @@ from tests.support.toolchain import toolchain_packages  # noqa: E402
 TOOL_PYTHON = sys.executable  # the tool venv's python; its base (pyenv) lives outside /usr
 PROBE_PACKAGE = "lingbot-probe"
 PROBE_VERSION = "1.0"
+
+
+_CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+_SESSION_CACHE_VARS = {var: os.environ.get(var) for var in _CACHE_VARS}
+
+
+@pytest.fixture(autouse=True)
+def _compile_cache_variables_as_the_session_started():
+    """See the module docstring: what a compile in this process exported does not reach the next test."""
+    yield
+    for var, value in _SESSION_CACHE_VARS.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
 
 
 @pytest.fixture(scope="session")

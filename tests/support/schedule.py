@@ -35,22 +35,25 @@ import pytest
 from provision.atomic import write_atomic
 
 # The longest chains, measured (docs/tests.md): started first so they never end the run alone. Module
-# totals in a quiet clean-clone run with 4 workers (5669518; the first four start at once): hang 608 s,
-# envcheck 442 s, slurm 441 s, validate 320 s, resume 224 s, diskspace 138 s; all modules 3196 s.
-# Alone in one process on the loaded shared host (2026-12-05, bench/results/2026-12-05-suite-slurm.md):
-# slurm 587 s -> 467 s wall, 603 -> 589 CPU-s (the shared job observer, the solo node for requeue_slow,
-# a requeue's start 1 s after its hold); envcheck 330 s (its full --worker run 175 s: flex 71, cpp_extension
-# 62, inductor 42: the compiles it proves); validate 72 s at load 2.
+# walls in a clean-clone run with 4 workers at 66cd39c (the launcher without torch; every core busy from
+# minute 1 to the last, so the order matters only in the last minute): envcheck 453 s, hang 370 s, slurm
+# 283 s (its jobs' CPU is Slurm's, beside the workers), validate 272 s, then provision 143, diskspace 132,
+# resume 122, plan 120, compile_blocks 118, two_nodes 99, divergence 87, compile_option 87, lerobot 84;
+# the rest under 70 s each.
 FIRST = (
-    "tests/test_slurm.py",  # 16 scenarios at once on one cluster
-    "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
-    "tests/test_validate.py",
     "tests/test_envcheck.py",  # the worker simulation's full --worker compiles
-    "tests/test_resume.py",
-    "tests/test_diskspace.py",
-    "tests/test_divergence.py",
-    "tests/test_two_nodes.py",
+    "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
+    "tests/test_slurm.py",  # 16 scenarios at once on one cluster
+    "tests/test_validate.py",
     "tests/test_provision.py",
+    "tests/test_diskspace.py",
+    "tests/test_resume.py",
+    "tests/test_plan.py",  # a real two-rank CPU step against the predicted peak
+    "tests/test_compile_blocks.py",
+    "tests/test_two_nodes.py",
+    "tests/test_divergence.py",
+    "tests/test_compile_option.py",
+    "tests/test_lerobot.py",
     "tests/test_train_json.py",
     "tests/test_quota.py",
 )
