@@ -120,8 +120,14 @@ def test_training_after_an_evaluation_is_bit_for_bit_the_same(
         start(plain, data_dir, "train.steps=4", "checkpoint.validate=false", record=preflight_record),
         start(resumed, data_dir, "train.steps=2", record=preflight_record),  # evaluated at 2, resumed below
     ]
-    for proc in first:
-        finish(proc)
+    try:
+        for proc in first:
+            finish(proc)
+    finally:  # one that failed leaves no other launch running
+        for proc in first:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     got = records(plain)
     assert {s: training(r) for s, r in got.items()} == {s: training(r) for s, r in expected.items()}
     assert not any("val_loss" in r for r in got.values())
