@@ -26,7 +26,7 @@ from typing import Any
 from trainer.config.schema import ConfigError, RunConfig
 
 # Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
-DATASETS = ("furniture_train",)
+DATASETS = ("furniture_train", "libero", "robotwin")
 # FurnitureBench's camera views (trainer/data/furniturebench.py CAMERAS must equal this; a test checks).
 CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
 ATTENTION = ("auto", "flex", "sdpa")
@@ -100,6 +100,12 @@ def _slots_ok(v: list[int], c: Any) -> bool:
     return not v or (len(set(v)) == len(v) and all(0 <= s < n for s in v) and len(v) >= c.model.action_used)
 
 
+def _tshape_ok(c: Any) -> bool:
+    h = c.model.latent_size
+    w = c.model.latent_width or h
+    return len(c.data.cameras) == 3 and h % 2 == 0 and w % 2 == 0 and (3 * h // 2) % c.model.patch == 0
+
+
 def _betas_ok(v: list[float], c: Any) -> bool:
     return len(v) == 2 and all(0 <= b < 1 for b in v)
 
@@ -127,6 +133,11 @@ RULES: dict[str, Rule | Free] = {
     "model.latent_size": Rule(
         "> 0 and a multiple of model.patch",
         lambda v, c: v > 0 and c.model.patch > 0 and v % c.model.patch == 0,
+        "7",
+    ),
+    "model.latent_width": Rule(
+        "0 (= model.latent_size) or > 0 and a multiple of model.patch",
+        lambda v, c: v == 0 or (v > 0 and c.model.patch > 0 and v % c.model.patch == 0),
         "7",
     ),
     "model.patch": POSITIVE,
@@ -183,7 +194,23 @@ RULES: dict[str, Rule | Free] = {
     "data.include_failed": BOOL,
     "data.prompt": Free("any text: the instruction embedded for every clip"),
     "data.frames": POSITIVE,
-    "data.actions_per_frame": POSITIVE,
+    "data.actions_per_frame": Rule(
+        "> 0 and a multiple of data.actions_per_video_frame (the quotient is the encoder's temporal factor)",
+        lambda v, c: v > 0 and c.data.actions_per_video_frame > 0 and v % c.data.actions_per_video_frame == 0,
+        "0",
+    ),
+    "data.actions_per_video_frame": POSITIVE,
+    "data.layout": Rule(
+        "side_by_side, or tshape (3 cameras; the per-view latent height and width even, and 3/2 x the "
+        "height a multiple of model.patch; trainer/data/views.py)",
+        lambda v, c: v == "side_by_side" or (v == "tshape" and _tshape_ok(c)),
+        "nope",
+    ),
+    "data.relative_poses": Rule(
+        "[] or distinct start columns >= 0 of 7-wide poses (x y z qx qy qz qw) in the data.action_map order",
+        lambda v, c: all(isinstance(x, int) and x >= 0 for x in v) and len(set(v)) == len(v),
+        "[-1]",
+    ),
     "data.encoder": Rule(
         "one of " + ", ".join(ENCODERS) + " (wan_vae needs data.vae_path)",
         lambda v, c: v in ENCODERS and (v != "wan_vae" or bool(c.data.vae_path)),

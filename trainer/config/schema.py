@@ -36,7 +36,8 @@ class ModelConfig:
     eps: float = 1e-6
     rope_max_seq_len: int = 1024  # kept for config.json round trips (RoPE is computed from positions)
     latent_channels: int = 48  # channels of the video latents (Wan2.2 VAE: 48)
-    latent_size: int = 28  # per-view latent grid side the stream's encoder produces (square views)
+    latent_size: int = 28  # per-view latent grid height the stream's encoder produces
+    latent_width: int = 0  # per-view latent grid width; 0 = latent_size (square views)
     patch: int = 2  # spatial patch: tokens per frame = (H / patch) x (W / patch)
     patch_t: int = 1  # temporal patch (released: 1)
     action_dim: int = 30  # padded action width, as in LingBot-VA
@@ -89,9 +90,20 @@ class DataConfig:
         "insert it into the tabletop and screw it in."
     )  # one per task (data.task); embedded with data.text_encoder, plus the empty prompt for dropout
     frames: int = 8  # latent frames per sample (clip length)
-    actions_per_frame: int = (
-        2  # actions (10 Hz) per latent frame = the encoder's temporal factor (wan_vae: 4)
-    )
+    # robot actions per latent frame (N, what the model and the served (C, F, N) use) = the encoder's
+    # temporal factor (wan_vae: 4) x data.actions_per_video_frame
+    actions_per_frame: int = 2
+    # robot actions per video frame: the episode's rows are its actions; its video frames are every
+    # actions_per_video_frame-th row (RoboTwin: 4, upstream's frame_stride; FurnitureBench, LIBERO: 1)
+    actions_per_video_frame: int = 1
+    # how the cameras' latents make one grid (trainer/data/views.py): side_by_side (every view at
+    # latent_size, along the width, in data.cameras order) | tshape (RoboTwin: data.cameras[0] at full size
+    # below the others at half size side by side; upstream env_type robotwin_tshape)
+    layout: str = "side_by_side"
+    # start columns (in the data.action_map order) of 7-wide poses (x y z qx qy qz qw) made relative to the
+    # episode's first row: translation minus the first, rotation first^-1 * rotation (upstream's
+    # get_relative_pose; RoboTwin: [0, 8]); [] = absolute actions as recorded
+    relative_poses: list[int] = field(default_factory=list)
     encoder: str = "patch_mean"  # wan_vae (real, needs vae_path) | patch_mean (weights-free stand-in)
     vae_path: str = ""  # Wan2.2 VAE folder: the released model's vae/ (or the model root holding vae/)
     text_encoder: str = (
