@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.tiny_wan import make_tiny_vae
 from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig, apply_overrides
 from trainer.data import DatasetError, build_stream
@@ -341,30 +342,6 @@ def test_clip_actions_lead_into_their_latent_frame(dataset):
     renorm = stream.normalizer.normalize(raw, clip=1.5)
     np.testing.assert_allclose(e0[t : 2 * t, :7].numpy(), renorm[:t, :7], atol=1e-6)  # slots 0..6
     assert stream.action_mask.dtype == torch.bool and int(stream.action_mask.sum()) == cfg.model.action_used
-
-
-def make_tiny_vae(folder):
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(
-        base_dim=8,
-        decoder_base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        is_residual=True,
-        in_channels=12,
-        out_channels=12,
-        patch_size=2,
-        scale_factor_temporal=4,
-        scale_factor_spatial=16,
-        latents_mean=[0.1, -0.2, 0.3, 0.0],
-        latents_std=[2.0, 1.5, 1.0, 0.5],
-    )
-    vae.save_pretrained(folder)  # type: ignore[attr-defined]
-    return vae
 
 
 def make_tiny_t5(root):
