@@ -6,14 +6,21 @@ Layout (under the discovered episode folder, so it travels with the data):
                                       records the held-out split of the preparing config ("split":
                                       trainer/data/split.py; not part of the spec, every split shares it)
         text.npz                      prompt_emb (L, D), prompt_mask (L,), empty_emb, empty_mask
-        episodes/<relpath>.npz        one per source file: latents__<camera> (L, C, h, w) float16, actions
-                                      (T, 8), rewards, skills, robot state / parts_poses / real-robot extras
-                                      (kept available), and `meta` (JSON: source fingerprint, spec hash,
+        episodes/<relpath>.npz        one per source file: latents__<camera> (L, C, h, w) float16 (its
+                                      own size: views.view_sizes), actions (T, 8) (every row), rewards,
+                                      skills, robot state / parts_poses / real-robot extras (kept), and `meta` (JSON: source fingerprint, spec hash,
                                       status used/skipped + reason, reader notes)
 
+Rates: an episode's rows are its actions; its video frames are rows 0, a, 2a, ... (a =
+data.actions_per_video_frame, upstream's frame_stride): only those rows' images are encoded (video_rows),
+L = 1 + (ceil(T / a) - 1) // t latent frames (t: the encoder's temporal factor); every row's action is stored.
+Each camera is encoded at its data.layout size (trainer/data/rows.py); the stream composes them.
+
 The spec (CacheSpec) is everything the latents depend on: encoder name + config hash, text encoder name +
-config hash, prompt, cameras, resolution / latent grid, temporal factor, task, include_failed. A different
-spec is a different directory, so configs never overwrite each other's caches. Each source file is
+config hash, prompt, cameras, resolution / latent grid, temporal factor, task, include_failed, and, only
+when not the default (so the default's directory and digest are those of caches made before them), the
+video stride (actions_per_video_frame != 1), the layout (tshape) and a non-square view's latent_width. A
+different spec is a different directory, so configs never overwrite each other's caches. Each source file is
 fingerprinted by size + mtime_ns + sha256: a changed size, or a changed mtime with a different checksum,
 makes the cache stale, and so does a file added or removed (a source inside a file that holds several
 episodes, `<file>.parquet/episode_XXXXXX` (LeRobot v3.0), is fingerprinted by that file: source_file);
@@ -33,15 +40,18 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from provision.atomic import write_atomic
 from trainer.checkpoint.diskspace import guard
+from trainer.data import views
 from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK, Discovery
 from trainer.data.encoder import VideoEncoder, config_hash
 from trainer.data.furniturebench import DatasetError, Episode, episode_status, validate_episode
+from trainer.data.rows import camera_encoders, video_rows
 from trainer.data.split import RULE, SplitError, split_record
 from trainer.data.text import TextEncoder
 
@@ -67,6 +77,10 @@ class CacheSpec:
     include_failed: bool
     version: int = FORMAT_VERSION
     source: str = ""  # what else the entries depend on (LeRobot: trainer/data/lerobot_cache.py spec_source)
+    # recorded only when not the default (so caches made before these fields keep their directory):
+    actions_per_video_frame: int = 1  # video frames are rows 0, a, 2a, ... (data.actions_per_video_frame)
+    layout: str = "side_by_side"  # data.layout (trainer/data/views.py): each camera's latent size
+    latent_width: int = 0  # one full-size view's latent width when not latent_side (model.latent_width)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
@@ -76,7 +90,24 @@ class CacheSpec:
         d["cameras"] = list(self.cameras)
         if not self.source:
             del d["source"]  # FurnitureBench caches made before the field keep their directory
+        for key, default in _DEFAULTS.items():
+            if d[key] == default:
+                del d[key]  # likewise: a default-rate, side-by-side, square cache keeps its directory
         return d
+
+    @property
+    def stride(self) -> int:
+        """Rows per video frame: the rows whose images are encoded are 0, stride, 2 stride, ..."""
+        return max(1, self.actions_per_video_frame)
+
+    def view_sizes(self) -> list[tuple[int, int]]:
+        """Each camera's latent (h, w), data.cameras order (trainer/data/views.py view_sizes)."""
+        model = SimpleNamespace(latent_size=self.latent_side, latent_width=self.latent_width)
+        data = SimpleNamespace(cameras=list(self.cameras), layout=self.layout)
+        return views.view_sizes(SimpleNamespace(model=model, data=data))
+
+
+_DEFAULTS = {"actions_per_video_frame": 1, "layout": "side_by_side", "latent_width": 0}
 
 
 def make_spec(
@@ -98,6 +129,9 @@ def make_spec(
         temporal=video.temporal,
         task=d.task,
         include_failed=d.include_failed,
+        actions_per_video_frame=int(getattr(d, "actions_per_video_frame", 1)),
+        layout=str(getattr(d, "layout", "side_by_side")),
+        latent_width=video.latent_width if video.latent_width != video.latent_side else 0,
     )
 
 
@@ -188,9 +222,10 @@ def encode_episode_entry(
         meta.update(status="skipped", reason=reason)
     else:
         episode: Episode = validate_episode(data, source, spec.cameras)
+        encoders = camera_encoders(spec, video)
         for cam in spec.cameras:
-            frames = episode.images[cam]
-            arrays[f"latents__{cam}"] = video.encode(frames).astype(STORAGE_DTYPE)
+            frames = video_rows(episode.images[cam], spec)
+            arrays[f"latents__{cam}"] = encoders[cam].encode(frames).astype(STORAGE_DTYPE)
             if on_frames is not None:
                 on_frames(int(frames.shape[0]))
         arrays.update(actions=episode.actions, rewards=episode.rewards, skills=episode.skills)

@@ -6,11 +6,13 @@ as FurnitureBench data, plus what a LeRobot dataset adds.
     write_task_text(directory, text, ds)   # text.npz with one embedding per task (the prompt per episode)
     manifest_extra(cfg, ds)                # the manifest's "lerobot" record: tasks, fps, mapped statistics
 
-An entry holds latents__<camera>, `actions` (T, K) = the data.action_map channels (row i: the action taken
-at observation i), `task_index` and, in its meta, the fingerprints of the episode's videos (a changed video
-makes the cache stale, as a changed parquet does). With data.upstream_latents=read the latents come from the
-reference's <root>/latents/ files (trainer/data/upstream.py), not from the encoder; with write they are
-also written there.
+An entry holds latents__<camera> (the rows 0, a, 2a, ... encoded, a = data.actions_per_video_frame; each
+camera at its data.layout size: trainer/data/rows.py), `actions` (T, K) = the
+data.action_map channels of every row, as recorded (row i: the action taken at observation i; absolute:
+data.relative_poses is applied by the stream, trainer/data/stream.py), `task_index` and, in its meta,
+the fingerprints of the episode's videos (a changed video makes the cache stale, as a changed parquet
+does). With data.upstream_latents=read the latents come from the reference's <root>/latents/ files
+(trainer/data/upstream.py), not from the encoder; with write they are also written there.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from trainer.data import upstream
 from trainer.data.cache import _npz_bytes, _write_bytes, fingerprint, source_file
 from trainer.data.furniturebench import DatasetError
 from trainer.data.lerobot import LeRobotInfo, mapped_stats, parse_action_map, read_episode
+from trainer.data.rows import camera_encoders, video_rows
 
 STORAGE_DTYPE = np.float16
 
@@ -58,9 +61,10 @@ def entry_encoder(cfg, ds: LeRobotInfo, video, text) -> Callable[..., dict[str, 
             latents = upstream.read_episode_latents(ds, episode.index, cameras, spec)
         else:
             latents = {}
+            encoders = camera_encoders(spec, video)
             for cam in cameras:
-                frames = episode.images[cam]
-                latents[cam] = video.encode(frames)
+                frames = video_rows(episode.images[cam], spec)
+                latents[cam] = encoders[cam].encode(frames)
                 if on_frames is not None:
                     on_frames(int(frames.shape[0]))
         arrays: dict[str, np.ndarray] = {f"latents__{c}": latents[c].astype(STORAGE_DTYPE) for c in cameras}

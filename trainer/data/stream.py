@@ -8,13 +8,12 @@ build_stream: generate a dataset if data.path is empty and allowed (ensure_datas
 cache is complete and current (trainer/data/prepare.py ensure_cache: rank 0 prepares a missing one, the
 others wait; a stale one is refused naming what differs), then load it.
 
-Clips follow the encoder's time layout (trainer/data/encoder.py): latent frame 0 is observation 0 alone,
-latent frame k >= 1 covers observations (k-1)t+1 .. kt, t = data.actions_per_frame (10 Hz: one action per
-observation). The N = t actions of latent frame k are the ones leading into it, actions (k-1)t .. kt-1;
-frame 0 gets t zero actions, normalised like the rest, as the reference pads them
-(lerobot_latent_dataset.py `_action_post_process`). A clip is data.frames consecutive latent frames.
-Views are encoded separately and concatenated along the latent width in data.cameras order, as the
-reference concatenates `obs_cam_keys` (`_cat_video_latents`, env_type none).
+Clips follow the encoder's time layout (trainer/data/encoder.py). Rows are actions (row r leads from
+observation r to r+1); video frames are rows 0, a, 2a, ... (a = data.actions_per_video_frame, only those
+encoded). Latent frame 0 is row 0 alone; frame k >= 1 covers video frames (k-1)t+1 .. kt (t: the encoder's
+temporal factor). Its N = t a = data.actions_per_frame actions lead into it: rows (k-1)N .. kN-1, every row
+(upstream's frame_stride * 4); frame 0 gets N zero actions, normalised like the rest (`_action_post_process`).
+Clips: data.frames latent frames; views composed by views.py; data.relative_poses applied at load (poses.py).
 
 No hidden state: micro-batch (step, micro) on `rank` is a pure function of (seed, step, micro, rank), so
 resuming at step N needs only N. Sample order: g = ((step * grad_accum + micro) * world_size + rank) * B + b
@@ -39,11 +38,13 @@ from typing import cast
 import numpy as np
 import torch
 
+from trainer.data import views
 from trainer.data.cache import cache_dir
 from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
 from trainer.data.furniturebench import DatasetError
 from trainer.data.location import resolve_data_path
 from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
+from trainer.data.poses import check_normalize, episode_actions
 from trainer.data.short import short_episodes, split_with_short
 from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.split import SplitError
@@ -54,7 +55,7 @@ from trainer.recipe.draws import EmptyText, draw_micro_batch
 ACTION_CLIP = 1.5  # reference _action_post_process; recipe.action_clip when the recipe config exists
 
 BATCH_KEYS = {
-    "latents": "(B, F, C, H, views*W) float32 clean video latents, views side by side",
+    "latents": "(B, F, C, H, W) float32 clean video latents, the views composed (views.grid: data.layout)",
     "actions": "(B, F*apf, action_dim) float32 quantile-normalised, clipped, robot channels in their slots",
     "action_mask": "(action_dim,) bool, True on used slots",
     "text_emb": "(B, L, text_dim) float32 the task prompt's embedding, zero-padded",
@@ -84,7 +85,7 @@ class BatchStream:
         held_out: Sequence[str] = (),
         normalizer=None,
     ):
-        """latents[e]: (L_e, C, H, W) per episode (views already side by side); actions[e]: (T_e, 8).
+        """latents[e]: (L_e, C, H, W) per episode (views already composed); actions[e]: (T_e, K).
 
         names[e]: episode e's stable identifier (its path in the cache manifest); episodes named in
         `held_out` (trainer/data/split.py) give no training clip: they are in `val_episodes` for
@@ -261,7 +262,8 @@ def _log(rank: int):
 
 def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> tuple:
     """(latents, actions, text, summary, names) of the used episodes of a checked cache; names are the
-    episodes' manifest paths (the held-out split's identifiers)."""
+    episodes' manifest paths (the held-out split's identifiers); cameras composed, relative poses applied."""
+    check_normalize(cfg, str(directory / "manifest.json"))
     frames, cams = cfg.data.frames, list(cfg.data.cameras)
     names: list[str] = []
     latents: list[np.ndarray] = []
@@ -280,10 +282,8 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
             skipped.append((source, SKIP_TOO_SHORT))
             continue
         with np.load(directory / "episodes" / ep["entry"], allow_pickle=False) as z:
-            views = [z[f"latents__{c}"] for c in cams]
-            n = min(v.shape[0] for v in views)
-            latents.append(np.concatenate([v[:n] for v in views], axis=-1))
-            actions.append(z["actions"])
+            latents.append(views.compose([z[f"latents__{c}"] for c in cams], views.layout_of(cfg)))
+            actions.append(episode_actions(cfg, z["actions"], str(source)))
             names.append(ep["file"])
             tasks.append(int(ep.get("task_index", 0)))
     with np.load(directory / "text.npz", allow_pickle=False) as z:

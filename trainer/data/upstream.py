@@ -6,9 +6,11 @@ there by LatentLeRobotDataset; read here, never copied), written and read beside
         latent_num_frames   f;  latent_height h;  latent_width w
         text_emb            (L, D) bfloat16  the episode task's embedding (the reference reads the first
                                              camera's)
-        frame_ids           the video frames the latents cover: start .. start + 1 + (f - 1) t - 1
-                            (stride 1: t = data.actions_per_frame actions per latent frame, as the
-                            reference's frame_stride * 4 with stride 1 and the Wan2.2 VAE's t = 4)
+        frame_ids           the rows whose video frames the latents cover: start, start + a, ...,
+                            start + (f - 1) t a (a = data.actions_per_video_frame, the reference's
+                            frame_stride; t the encoder's temporal factor, the Wan2.2 VAE's 4: each
+                            latent frame after the first then holds t a = data.actions_per_frame actions,
+                            the reference's frame_stride * 4)
         fps                 the dataset's fps
 
 One file per episode and camera covering the whole episode: start 0, end = its frame count. The reference
@@ -16,7 +18,8 @@ trains on the `action_config` segments of meta/episodes.jsonl; an episode withou
 `"action_config": [{"start_frame": 0, "end_frame": <length>, ...}]` added there to be found by it (this
 project does not rewrite meta/). `write` (data.upstream_latents=write) stores what the cache gets;
 `read` (data.upstream_latents=read) takes latents from existing files instead of encoding, and refuses
-files whose grid or channels differ from the config's encoder (naming the file).
+files whose grid or channels differ from the config's encoder at that camera's size (data.layout: the
+T-shape's wrist views at half height and width; naming the file).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def write_episode_latents(ds: LeRobotInfo, episode: int, latents: dict, text_emb
             "latent_height": h,
             "latent_width": w,
             "text_emb": torch.from_numpy(np.asarray(text_emb, np.float32)).to(torch.bfloat16),
-            "frame_ids": list(range(0, 1 + (f - 1) * spec.temporal)),
+            "frame_ids": list(range(0, 1 + (f - 1) * spec.temporal * spec.stride, spec.stride)),
             "fps": ds.fps,
         }
         buf = io.BytesIO()
@@ -75,6 +78,7 @@ def read_episode_latents(ds: LeRobotInfo, episode: int, cameras: list[str], spec
 
     out = {}
     end = _length(ds, episode)
+    sizes = dict(zip(spec.cameras, spec.view_sizes(), strict=True))
     for camera in cameras:
         path = latent_file(ds, episode, camera, 0, end)
         if not path.is_file():
@@ -88,11 +92,12 @@ def read_episode_latents(ds: LeRobotInfo, episode: int, cameras: list[str], spec
             lat = record["latent"].float().reshape(f, h, w, -1).permute(0, 3, 1, 2).numpy()
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise DatasetError(f"{path}: not a reference latent file ({type(exc).__name__}: {exc})") from exc
-        if lat.shape[1] != spec.latent_channels or h != spec.latent_side:
+        want_h, want_w = sizes[camera]
+        if lat.shape[1] != spec.latent_channels or (h, w) != (want_h, want_w):
             raise DatasetError(
                 f"{path}: latents of {lat.shape[1]} channels on a {h}x{w} grid; the config's encoder makes "
-                f"{spec.latent_channels} on {spec.latent_side}x{spec.latent_side} (model.latent_channels, "
-                "model.latent_size)"
+                f"{spec.latent_channels} on {want_h}x{want_w} for camera {camera} (model.latent_channels, "
+                "model.latent_size, model.latent_width, data.layout)"
             )
         out[camera] = lat
     return out

@@ -3,7 +3,8 @@
 `load_episodes(cfg)` goes through the training data path (trainer/data/stream.py build_stream: dataset,
 latent cache, BatchStream on one process, rank 0 of 1; several LeRobot roots as training combines them),
 so latents and normalised actions are the ones the model was trained on (same normaliser, same clipping,
-same lead-in), and names each episode as training's split does (its source file relative to the dataset
+same lead-in, the same video stride, camera layout (checked against trainer/data/views.py grid) and
+relative poses), and names each episode as training's split does (its source file relative to the dataset
 root; `<k>:<root name>/<file>` with several roots), in the order BatchStream holds them. Each episode
 carries its own prompt: a LeRobot episode's task embedding (the prompt it was trained with), else the
 dataset's one prompt; the sampler is given it before the episode (evaluate.evaluate_episode).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.data import views
 from trainer.data.furniturebench import DatasetError
 from trainer.inference.evaluate import Episode
 from trainer.inference.sampler import ChunkSampler
@@ -58,10 +60,12 @@ def load_episodes(cfg) -> EvalData:
         raise DatasetError(f"{cfg.data.path}: {len(stream.latents)} usable episodes, {len(names)} named")
     grid = tuple(stream.latents[0].shape[1:])
     m = cfg.model
-    if grid[0] != m.latent_channels:
+    if grid[0] != m.latent_channels or grid[1:] != views.grid(cfg):
         raise DatasetError(
-            f"{cfg.data.path}: latents have {grid[0]} channels, the model takes {m.latent_channels} "
-            "(evaluate with the data config the model was trained on)"
+            f"{cfg.data.path}: latents of {grid[0]} channels on a {grid[1]}x{grid[2]} grid, the model takes "
+            f"{m.latent_channels} on {'x'.join(map(str, views.grid(cfg)))} (model.latent_channels, "
+            "model.latent_size / latent_width, data.layout, data.cameras: evaluate with the data config "
+            "the model was trained on)"
         )
     prompts = None
     if stream.task_emb is not None:  # LeRobot: the task of each episode

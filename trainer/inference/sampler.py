@@ -65,7 +65,9 @@ class ChunkSampler:
         self.device = model.patch_embedding_mlp.weight.device
         self.text = torch.stack([torch.as_tensor(t, dtype=torch.float32) for t in texts]).to(self.device)
         m = model.cfg.model
-        c, hh, ww = video_grid or (m.latent_channels, m.latent_size, m.latent_size)
+        from trainer.data.views import grid  # the composed views (data.layout), as the stream makes them
+
+        c, hh, ww = video_grid or (m.latent_channels, *grid(model.cfg))
         self.grid = (c, hh, ww)
         self.video_tokens = icfg.frames_per_chunk * (hh // m.patch) * (ww // m.patch)
         self.action_tokens = icfg.frames_per_chunk * model.apf

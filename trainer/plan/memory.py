@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.data import views
+
 TRACE_DEPTHS = (2, 3)
 CATEGORIES = {  # FSDPMemTracker's reference types -> the plan's names
     "SHARDED_PARAM": "sharded_params",
@@ -111,15 +113,17 @@ class FlexMemoryBackend:
 
 
 def synthetic_micro_batch(cfg, seed: int = 0) -> dict:
-    """A micro-batch of the shapes the stream produces for cfg (random latents; the recipe's draws)."""
+    """A micro-batch of the shapes the stream produces for cfg (random latents on the composed grid,
+    trainer/data/views.py grid; the recipe's draws)."""
     from trainer.recipe.batch import CleanBatch
     from trainer.recipe.draws import EmptyText, draw_micro_batch
 
     m, d, b = cfg.model, cfg.data, cfg.train.batch_size
-    f, n, views, text = d.frames, d.actions_per_frame, len(d.cameras), d.text_length
+    f, n, text = d.frames, d.actions_per_frame, d.text_length
+    hh, ww = views.grid(cfg)  # the composed views (data.layout)
     g = torch.Generator().manual_seed(seed)
     clean: CleanBatch = {
-        "latents": torch.randn(b, f, m.latent_channels, m.latent_size, m.latent_size * views, generator=g),
+        "latents": torch.randn(b, f, m.latent_channels, hh, ww, generator=g),
         "actions": torch.zeros(b, f * n, m.action_dim),
         "action_mask": torch.ones(b, f * n, m.action_dim, dtype=torch.bool),
         "text_emb": torch.zeros(b, text, m.text_dim),
