@@ -5,9 +5,11 @@ compute_kv_cache -> observation, actions equal ChunkSampler's; bad requests answ
 the other connection keeps working; the API key, the frame and connection limits; the replay's action
 error equal to bin/evaluate's (and its PNG); SIGTERM -> exit 0, nothing left running.
 
-The run: tiny (tests/support/runs.py) with data.actions_per_frame=1, so that a key frame's encoding is the
-cached latent of its frame (with t > 1 the stand-in averages t observations per latent frame, and a client
-sends one); chunks of 2 frames, 2 video and 2 action steps, for speed.
+The run: tiny (tests/support/runs.py) with data.actions_per_frame=4, the stand-in's temporal factor 4: a
+client sends the key frames at upstream's cadence (four per latent frame, one every N // 4 = 1 action, as
+LIBERO's client at N = 4), which the server streams into the run's training latents; chunks of 2 frames,
+2 video and 2 action steps, for speed. Upstream's own client loops against LIBERO and RoboTwin geometry:
+tests/test_serve_clients.py.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from tests.support.runs import REPO, TIMEOUT, clean_env, seed_preflight, set_arg
 from trainer.inference.replay import PolicyClient, ServerError, replay_episodes, replay_open_loop
 
 pytestmark = pytest.mark.heavy
-F, STEPS = 2, 2
+F, STEPS, N = 2, 2, 4  # N: actions per latent frame = the stand-in's temporal factor (4 key frames each)
 INFER = [f"infer.frames_per_chunk={F}", f"infer.video_steps={STEPS}", f"infer.action_steps={STEPS}"]
 KEY = "k3y-for-the-test"
-LIMIT = 2 * 2**20  # --max-frame-bytes: a chunk's frames (2 frames x 2 views x 224 x 224 x 3) fit
+LIMIT = 4 * 2**20  # --max-frame-bytes: a chunk's key frames (4 x 2 frames x 2 views x 224 x 224 x 3) fit
 
 
 @dataclass
@@ -71,7 +73,7 @@ def trained(tmp_path_factory, preflight_record) -> Trained:
     run_dir, data = root / "run", root / "episodes"
     seed_preflight(run_dir, preflight_record)
     env = clean_env(root / "no-envs")
-    sets = set_args([*tiny(steps=2, grad_accum=1), "data.actions_per_frame=1", f"data.path={data}"])
+    sets = set_args([*tiny(steps=2, grad_accum=1), f"data.actions_per_frame={N}", f"data.path={data}"])
     out = subprocess.run(
         [str(REPO / "bin" / "train"), "furniture_train", "1", "--run-dir", str(run_dir), *sets],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT,
@@ -147,7 +149,7 @@ def _kv(ep, k: int, n: int) -> dict:
     start = 1 if k == 0 else 0
     state = action_layout(ep.actions[k * F * n : (k + 1) * F * n], F, n)
     return {
-        "obs": ep.frames[k * F + start : (k + 1) * F],
+        "obs": ep.key_frames(k * F + start, (k + 1) * F),
         "compute_kv_cache": True,
         "imagine": False,
         "state": state,
@@ -170,14 +172,14 @@ def test_two_connections_serve_chunksampler_actions(trained, server):
             assert set(client.reset(prompt)) == {"server_timing"}
         for k in range(2):  # interleaved: a's and b's histories never meet
             for name, client, ep in (("a", a, eps[0]), ("b", b, eps[1])):
-                reply = client.infer({"obs": ep.frames[k * F], "prompt": "ignored"})
+                reply = client.infer({"obs": ep.video[0], "prompt": "ignored"})  # re-sent, as the clients do
                 assert reply["server_timing"]["infer_ms"] > 0
                 got[name].append(reply["action"])
             if k == 0:
                 for client, ep in ((a, eps[0]), (b, eps[1])):
                     assert "server_timing" in client.infer(_kv(ep, 0, n))
         a.reset(prompts[1])  # a second episode on connection a: episode index 1 of that session
-        second = a.infer({"obs": eps[1].frames[0]})["action"]
+        second = a.infer({"obs": eps[1].video[0]})["action"]
     finally:
         a.close()
         b.close()
@@ -194,7 +196,7 @@ def test_two_connections_serve_chunksampler_actions(trained, server):
 def test_bad_messages_get_an_error_and_the_other_connection_keeps_working(trained, server):
     cfg, data = _eval_data(trained)
     ep = replay_episodes(cfg, data.names[:1])[0]
-    frame, n = ep.frames[0], 1
+    frame, n = ep.video[0], N
     c, d = PolicyClient(server.uri, KEY), PolicyClient(server.uri, KEY)
 
     def other_works() -> None:
@@ -228,14 +230,18 @@ def test_bad_messages_get_an_error_and_the_other_connection_keeps_working(traine
         assert "float32" in refused({"obs": floats}, "obs['color_image2']: expected an H x W x 3 uint8 image")
         assert c.infer({"obs": frame})["action"].shape == (8, F, n)  # c itself still serves
         bad_state = {**_kv(ep, 0, n), "state": np.zeros((8, F + 1, n), np.float32)}
-        assert f"got (8, {F + 1}, 1)" in refused(bad_state, f"state: expected shape (8, {F}, 1)")
+        assert f"got (8, {F + 1}, {n})" in refused(bad_state, f"state: expected shape (8, {F}, {n})")
+        too_few = {**_kv(ep, 0, n), "obs": ep.video[1:3]}  # 2 key frames for one executed latent frame
+        refused(
+            too_few, f"obs: expected {N} key frames ({N} per executed latent frame x 1 latent frames), got 2"
+        )
         assert "server_timing" in c.infer(_kv(ep, 0, n))  # the right one is accepted after it
-        small = {k: v[::3, ::2].copy() for k, v in ep.frames[F].items()}  # any size is resized
+        small = {k: v[::3, ::2].copy() for k, v in ep.video[0].items()}  # any size is resized
         assert np.isfinite(c.infer({"obs": small})["action"]).all()
     finally:
         c.close()
         d.close()
-    assert _said(server, lambda lines: sum("bad request" in line for line in lines) - before >= 6)
+    assert _said(server, lambda lines: sum("bad request" in line for line in lines) - before >= 7)
     assert server.proc.poll() is None
 
 
@@ -293,7 +299,7 @@ def test_replay_through_the_server_scores_as_bin_evaluate(trained, server, tmp_p
     client = PolicyClient(server.uri, KEY)
     try:
         clip = float(getattr(getattr(cfg, "recipe", None), "action_clip", 1.5))
-        replay = replay_open_loop(client, replay_episodes(cfg, names), data.normalizer, F, 1, clip)
+        replay = replay_open_loop(client, replay_episodes(cfg, names), data.normalizer, F, N, clip)
     finally:
         client.close()
     plots = tmp_path / "plots"
@@ -318,6 +324,61 @@ def test_replay_through_the_server_scores_as_bin_evaluate(trained, server, tmp_p
     for name, path in result["plots"].items():
         assert Path(path).parent == plots and Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"evaluate: plot {name}: {path}" in out.stderr
+
+
+def test_camera_aliases_serve_libero_keys_to_a_furniture_run(trained):
+    """bin/serve --camera maps LIBERO's client keys to this run's cameras; upstream's LIBERO loop
+    (tests/support/upstream_clients.py) then runs two chunks; an unmapped key is an error reply naming both
+    sets; bad --camera items exit 2 with one line."""
+    from tests.support.upstream_clients import LIBERO_CAMERAS, LIBERO_SIZE, StandInSim, libero_episode
+
+    agent, wrist = LIBERO_CAMERAS
+    for bad, said in ((["--camera", "no-equals"], "expected CLIENT_KEY=RUN_CAMERA"),
+                      (["--camera", f"{agent}=rear", "--camera", f"{wrist}=color_image1"],
+                       "'rear' is not one of the run's cameras")):  # fmt: skip
+        out = subprocess.run(
+            [str(REPO / "bin" / "serve"), str(trained.run_dir), "--port", "0", *bad, *set_args(trained.sets)],
+            cwd=REPO, env=trained.env, capture_output=True, text=True, timeout=TIMEOUT,
+        )  # fmt: skip
+        last = out.stderr.strip().splitlines()[-1]
+        assert out.returncode == 2 and said in last and last.startswith("serve: --camera"), out.stderr
+    mapped = ["--camera", f"{agent}=color_image2", "--camera", f"{wrist}=color_image1"]
+    argv = [
+        str(REPO / "bin" / "serve"),
+        str(trained.run_dir),
+        "--port",
+        "0",
+        *mapped,
+        *set_args(trained.sets),
+    ]
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=trained.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        aliased = Served(proc, 0, lines)
+        assert _said(aliased, lambda got: any("listening on" in line for line in got), TIMEOUT), lines
+        port = int(re.findall(r"listening on ws://127\.0\.0\.1:(\d+)", "\n".join(lines))[0])
+        client = PolicyClient(f"ws://127.0.0.1:{port}")
+        try:
+            assert client.metadata["client_cameras"] == {agent: "color_image2", wrist: "color_image1"}
+            sim = StandInSim(dict.fromkeys(LIBERO_CAMERAS, LIBERO_SIZE), 8)
+            ep = libero_episode(client, sim, "put the leg on the table", (F - 1) * N + F * N)
+            assert len(ep.actions) == 2 and ep.key_frames == [N * (F - 1), N * F]
+            assert all(a.shape == (8, F, N) and np.isfinite(a).all() for a in ep.actions)
+            images = sim.images()
+            with pytest.raises(ServerError) as info:
+                client.infer({"obs": {**images, "color_image2": images[agent]}})
+            text = str(info.value)
+            assert "obs['color_image2']: unknown camera" in text and str(list(LIBERO_CAMERAS)) in text
+            assert "the run's cameras ['color_image2', 'color_image1']" in text
+        finally:
+            client.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, "\n".join(lines)
 
 
 def test_sigterm_stops_it_with_exit_0_and_nothing_left(server):

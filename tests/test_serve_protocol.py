@@ -21,6 +21,7 @@ from trainer.inference.protocol import (
     check_state,
     decode_request,
     pack,
+    parse_aliases,
     state_rows,
     unpack,
 )
@@ -113,6 +114,45 @@ def test_each_bad_request_names_its_field(message, field, expected):
     with pytest.raises(ProtocolError, match=expected) as info:
         decode_request(message, SPEC)
     assert info.value.field == field and str(info.value).startswith(f"{field}: ")
+
+
+LIBERO = ("observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb")
+ALIASED = Spec(("front", "wrist"), 8, 4, 2, aliases=((LIBERO[0], "front"), (LIBERO[1], "wrist")))
+
+
+def test_camera_aliases_map_a_clients_keys_to_the_runs_cameras():
+    """bin/serve --camera: LIBERO's client keys name the run's cameras; the state and task keys the
+    clients add to every frame are ignored; the Frame is keyed by the run's cameras."""
+    sent = {LIBERO[1]: _img(20, 20), LIBERO[0]: _img(), "observation.state": np.zeros(8), "task": "t"}
+    obs = decode_request(pack({"obs": sent}), ALIASED)
+    assert isinstance(obs, Observe) and obs.frame is not None and set(obs.frame) == {"front", "wrist"}
+    assert np.array_equal(obs.frame["wrist"], _img(20, 20)) and ALIASED.client_cameras == LIBERO
+    both = r"the client keys \['observation.images.agentview_rgb'.*run's cameras \['front', 'wrist'\]"
+    for frame, field in (
+        ({LIBERO[0]: _img()}, f"obs[{LIBERO[1]!r}]"),  # missing
+        ({**sent, "front": _img()}, "obs['front']"),  # a run camera's own name is not a client key
+    ):
+        with pytest.raises(ProtocolError, match=both) as info:
+            decode_request(pack({"obs": frame}), ALIASED)
+        assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        (["front"], "expected CLIENT_KEY=RUN_CAMERA"),
+        (["=front"], "expected CLIENT_KEY=RUN_CAMERA"),
+        (["a=rear", "b=wrist"], "'rear' is not one of the run's cameras \\['front', 'wrist'\\]"),
+        (["a=front"], "no client key for the run's camera\\(s\\) \\['wrist'\\]"),
+        (["a=front", "a=wrist"], "client key 'a' is mapped twice"),
+        (["a=front", "b=front", "c=wrist"], "run camera 'front' is mapped twice"),
+    ],
+)
+def test_bad_camera_aliases_say_what_is_wrong(items, expected):
+    with pytest.raises(ValueError, match=expected):
+        parse_aliases(items, ("front", "wrist"))
+    assert parse_aliases([], ("front", "wrist")) == ()
+    assert parse_aliases(["k2=wrist", "k1=front"], ("front", "wrist")) == (("k2", "wrist"), ("k1", "front"))
 
 
 def test_a_text_frame_and_a_malformed_array_entry_are_refused():

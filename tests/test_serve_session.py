@@ -13,10 +13,10 @@ import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from tests.support.lingbot_tiny import tiny_cfg
-from trainer.data.encoder import PatchMeanEncoder
+from trainer.data.encoder import PatchMeanEncoder, make_encoder
 from trainer.data.normalize import QuantileNormalizer
 from trainer.data.text import StandInText
-from trainer.inference.protocol import Spec
+from trainer.inference.protocol import ProtocolError, Spec
 from trainer.inference.replay import PolicyClient, ServerError
 from trainer.inference.server import Limits, PolicyServer
 from trainer.inference.session import Served, Session
@@ -62,9 +62,9 @@ def running():
     assert result == [0] and lines[-1] == "serve: stopped"
 
 
-def _frames(count: int, seed: int = 0):
+def _frames(count: int, seed: int = 0, cams: tuple[str, ...] = CAMS):
     rng = np.random.default_rng(seed)
-    return [{c: rng.integers(0, 256, (24, 20, 3), dtype=np.uint8) for c in CAMS} for _ in range(count)]
+    return [{c: rng.integers(0, 256, (24, 20, 3), dtype=np.uint8) for c in cams} for _ in range(count)]
 
 
 def test_a_wrong_key_is_refused_in_the_handshake(running):
@@ -112,3 +112,105 @@ def test_a_frame_over_the_limit_closes_the_connection(running):
     with pytest.raises(ConnectionClosedError) as info:
         client.ws.recv()
     assert info.value.rcvd is not None and info.value.rcvd.code == 1009
+
+
+def _streaming(layout: str, cams: tuple[str, ...]) -> Served:
+    """A Served at the clients' cadence: t = 4 key frames per latent frame (N = 4), F = 3, the run's
+    layout, standardised latents (the stand-in's statistics)."""
+    f, t = 3, 4
+    cfg = tiny_cfg(
+        **{"infer.frames_per_chunk": f, "infer.video_steps": 1, "infer.action_steps": 1},
+        **{"data.actions_per_frame": t, "data.layout": layout, "data.cameras": list(cams)},
+        **{"data.format": "lerobot"},
+    )
+    torch.manual_seed(0)
+    model = WorldModel(cfg).eval()
+    m = cfg.model
+    text = StandInText(m.text_dim, 8)
+    empty, _ = text.embed("")
+    norm = QuantileNormalizer(
+        np.linspace(-1, 0, 8).astype(np.float32), np.linspace(1, 2, 8).astype(np.float32)
+    )
+    from trainer.data.views import grid
+
+    h, w = grid(cfg)
+    c = m.latent_channels
+    stats = (np.linspace(-0.1, 0.1, c).reshape(1, c, 1, 1), np.linspace(0.5, 2, c).reshape(1, c, 1, 1))
+    return Served(
+        model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, 8),
+        torch.as_tensor(empty), (c, h, w), stats, make_encoder(cfg), text, Spec(cams, 8, f, t),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "cams"),
+    [
+        ("side_by_side", ("observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb")),
+        (
+            "tshape",
+            (
+                "observation.images.cam_high",
+                "observation.images.cam_left_wrist",
+                "observation.images.cam_right_wrist",
+            ),
+        ),
+    ],
+)
+def test_streamed_key_frames_give_the_runs_training_latents(layout, cams):
+    """A Session fed as upstream's clients feed it (the observation alone, then t x (F - 1) key frames,
+    then t x F per chunk) puts in its cache exactly the latents training's cache holds for the whole video:
+    each camera's `encode` (the wrists resized for the T-shape), views.compose'd and standardised."""
+    from trainer.data.views import compose, view_sizes
+
+    served = _streaming(layout, cams)
+    f, t = served.spec.frames_per_chunk, served.temporal
+    chunks = 3
+    video = _frames(1 + t * (f * chunks - 1), 3, cams)  # 24 x 20 images: the stand-in pools any size
+    session = Session(served)
+    session.reset("stack the blocks")
+    seen: list[torch.Tensor] = []
+    observe = session._sampler().observe
+    session._sampler().observe = lambda lat, act: (seen.append(lat.clone()), observe(lat, act))[1]
+    state = np.zeros((8, f, t), np.float32)
+    pushed = 1
+    for k in range(chunks):
+        session.observe(video[0])  # the clients re-send the first observation; only chunk 0 uses it
+        count = t * (f - 1 if k == 0 else f)
+        session.executed(video[pushed : pushed + count], state)
+        pushed += count
+    streamed = torch.cat(seen).numpy()
+    enc = served.video
+    per_camera = []
+    for cam, (h, w) in zip(cams, view_sizes(served.cfg), strict=True):
+        one = enc if (h, w) == (enc.latent_side, enc.latent_width) else enc.resized(h, w)
+        per_camera.append(one.encode(np.stack([fr[cam] for fr in video])))
+    mean, std = served.latent_stats
+    want = (compose(per_camera, layout) - mean) / std
+    assert streamed.shape == want.shape == (f * chunks, *served.grid)
+    np.testing.assert_allclose(streamed, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_wrong_key_frame_count_is_refused_and_the_episode_goes_on():
+    served = _streaming(
+        "side_by_side", ("observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb")
+    )
+    f, t = served.spec.frames_per_chunk, served.temporal
+    video = _frames(1 + t * (2 * f - 1), 4, served.spec.cameras)
+    state = np.zeros((8, f, t), np.float32)
+    session = Session(served)
+    session.reset(None)
+    session.observe(video[0])
+    session.observe(video[0])  # a second plain request in the first chunk: latent frame 0 again
+    before = [s.pushed for s in session.streams]
+    assert before == [1, 1]
+    for wrong in (f - 1, t * (f - 1) - 1, t * f):
+        with pytest.raises(ProtocolError, match=rf"expected {t * (f - 1)} key frames \({t} per executed "
+                           rf"latent frame x {f - 1} latent frames\), got {wrong}") as info:  # fmt: skip
+            session.executed(video[1 : 1 + wrong], state)
+        assert info.value.field == "obs" and [s.pushed for s in session.streams] == before
+    session.executed(video[1 : 1 + t * (f - 1)], state)
+    assert np.isfinite(session.observe(video[0])).all()
+    with pytest.raises(ProtocolError, match=rf"expected {t * f} key frames .* x {f} latent frames\), got 3"):
+        session.executed(video[:3], state)
+    session.executed(video[1 + t * (f - 1) :], state)
+    assert [s.pushed for s in session.streams] == [len(video)] * 2 and session.chunk == 2

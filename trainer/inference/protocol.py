@@ -15,7 +15,10 @@ Requests (upstream `VA_Server.infer`: the first true flag wins, extra keys are i
     {"obs": frame | [frame], ...}              -> Observe: the next chunk of actions
 A frame maps each of the run's cameras to an H x W x 3 uint8 image; other keys whose value is an image-like
 (3-dimensional) array are unknown cameras (refused), any other key (a state vector, a task string) is
-ignored as upstream ignores it. `decode_request` checks all of this and raises ProtocolError naming the
+ignored as upstream ignores it. With camera aliases (bin/serve --camera CLIENT_KEY=RUN_CAMERA, Spec.aliases:
+upstream's clients key their images as the LeRobot datasets do, e.g. 'observation.images.agentview_rgb')
+a frame must carry exactly the aliased client keys, one per run camera; the decoded Frame is keyed by the
+run's cameras either way. `decode_request` checks all of this and raises ProtocolError naming the
 field and what was expected; the state's frame count is checked against the session (session.py).
 """
 
@@ -88,6 +91,15 @@ class Spec:
     channels: int  # robot action channels (model.action_used)
     frames_per_chunk: int
     actions_per_frame: int
+    aliases: tuple[tuple[str, str], ...] = ()  # (client key, run camera), one per run camera; () none
+
+    @property
+    def client_cameras(self) -> tuple[str, ...]:
+        """The image keys a frame must carry: the aliased client keys, else the run's cameras."""
+        if not self.aliases:
+            return self.cameras
+        by_camera = {cam: key for key, cam in self.aliases}
+        return tuple(by_camera[cam] for cam in self.cameras)
 
 
 Frame = dict[str, np.ndarray]  # camera -> (H, W, 3) uint8
@@ -116,29 +128,36 @@ def _key(k: Any) -> str:
     return k.decode(errors="replace") if isinstance(k, bytes) else str(k)
 
 
+def _expected_keys(spec: Spec) -> str:
+    if not spec.aliases:
+        return f"this run's cameras are {list(spec.cameras)}"
+    mapped = ", ".join(f"{key!r} -> {cam!r}" for key, cam in spec.aliases)
+    return (
+        f"expected the client keys {list(spec.client_cameras)} (bin/serve --camera: {mapped}) "
+        f"for the run's cameras {list(spec.cameras)}"
+    )
+
+
 def check_frame(raw: Any, where: str, spec: Spec) -> Frame:
     if not isinstance(raw, dict):
         raise ProtocolError(where, f"expected a map of camera -> image, got {type(raw).__name__}")
     items = {_key(k): v for k, v in raw.items()}
-    unknown = [
-        k for k, v in items.items() if k not in spec.cameras and isinstance(v, np.ndarray) and v.ndim == 3
-    ]
+    keys = spec.client_cameras
+    unknown = [k for k, v in items.items() if k not in keys and isinstance(v, np.ndarray) and v.ndim == 3]
     if unknown:
-        raise ProtocolError(
-            f"{where}[{unknown[0]!r}]", f"unknown camera; this run's cameras are {list(spec.cameras)}"
-        )
+        raise ProtocolError(f"{where}[{unknown[0]!r}]", f"unknown camera; {_expected_keys(spec)}")
     frame: Frame = {}
-    for cam in spec.cameras:
-        if cam not in items:
-            raise ProtocolError(f"{where}[{cam!r}]", f"missing; expected the cameras {list(spec.cameras)}")
-        img = items[cam]
+    for cam, key in zip(spec.cameras, keys, strict=True):
+        if key not in items:
+            raise ProtocolError(f"{where}[{key!r}]", f"missing; {_expected_keys(spec)}")
+        img = items[key]
         if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
             got = f"{img.dtype} {tuple(img.shape)}" if isinstance(img, np.ndarray) else type(img).__name__
             raise ProtocolError(
-                f"{where}[{cam!r}]", f"expected an H x W x 3 uint8 image (any H, W: resized), got {got}"
+                f"{where}[{key!r}]", f"expected an H x W x 3 uint8 image (any H, W: resized), got {got}"
             )
         if img.shape[0] < 1 or img.shape[1] < 1:
-            raise ProtocolError(f"{where}[{cam!r}]", f"expected a non-empty image, got {tuple(img.shape)}")
+            raise ProtocolError(f"{where}[{key!r}]", f"expected a non-empty image, got {tuple(img.shape)}")
         frame[cam] = img
     return frame
 
@@ -196,11 +215,39 @@ def decode_request(data: bytes | str, spec: Spec) -> Request:
     return Observe(check_frame(obs, "obs", spec))
 
 
+def parse_aliases(
+    items: list[str] | tuple[str, ...], cameras: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """bin/serve's --camera CLIENT_KEY=RUN_CAMERA items -> Spec.aliases; ValueError (one line) when an
+    item is malformed, names a camera the run lacks, repeats a key or a camera, or leaves a camera out."""
+    out: list[tuple[str, str]] = []
+    for item in items:
+        key, sep, cam = item.partition("=")
+        key, cam = key.strip(), cam.strip()
+        if not sep or not key or not cam:
+            raise ValueError(f"--camera {item!r}: expected CLIENT_KEY=RUN_CAMERA")
+        if cam not in cameras:
+            raise ValueError(f"--camera {item!r}: {cam!r} is not one of the run's cameras {list(cameras)}")
+        out.append((key, cam))
+    keys, cams = [k for k, _ in out], [c for _, c in out]
+    for what, names in (("client key", keys), ("run camera", cams)):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"--camera: the {what} {twice[0]!r} is mapped twice")
+    missing = [c for c in cameras if c not in cams]
+    if out and missing:
+        raise ValueError(
+            f"--camera: no client key for the run's camera(s) {missing}; map every one of {list(cameras)}"
+        )
+    return tuple(out)
+
+
 def metadata(spec: Spec, extra: dict | None = None) -> dict:
     """The map sent on connect (upstream sends an empty one; its clients read and ignore it)."""
     return {
         "server": "lingbot-env bin/serve",
         "cameras": list(spec.cameras),
+        **({"client_cameras": dict(spec.aliases)} if spec.aliases else {}),
         "action_shape": ["channels", "frames", "actions_per_frame"],
         "channels": spec.channels,
         "frames_per_chunk": spec.frames_per_chunk,

@@ -3,6 +3,11 @@
     bin/serve TARGET [--port 29056] [--host 127.0.0.1] [--set infer.video_steps=2 ...]
                      [--api-key-file F] [--max-connections 4] [--max-frame-bytes 33554432]
                      [--config NAME] [--cpu-scale|--full-scale] [--seed N] [--device auto|cpu|cuda]
+                     [--camera CLIENT_KEY=RUN_CAMERA ...]
+
+--camera maps the image key a client sends to the run's camera (repeatable; every run camera once), e.g.
+LIBERO's client on a run trained on cameras agentview and wrist:
+    --camera observation.images.agentview_rgb=agentview --camera observation.images.eye_in_hand_rgb=wrist
 
 TARGET as bin/evaluate's (trainer/inference/load.py), except that a RUN_DIR with `checkpoints/best` serves
 that (the best checkpoint; else the newest complete one). What is served and how: session.py (one session
@@ -53,11 +58,23 @@ def read_api_key(path: str | None) -> str | None:
     return key
 
 
+def _camera_syntax(items: tuple[str, ...]) -> None:
+    for item in items:
+        key, sep, cam = item.partition("=")
+        if not sep or not key.strip() or not cam.strip():
+            raise click.BadParameter(f"--camera {item!r}: expected CLIENT_KEY=RUN_CAMERA")
+
+
 def serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
-          device) -> int:  # fmt: skip
+          device, cameras=()) -> int:  # fmt: skip
+    import dataclasses
+
     from trainer.config import load_config, parse_set  # noqa: F401 - fail fast on a broken install
+    from trainer.inference.protocol import parse_aliases
     from trainer.inference.server import Limits, PolicyServer
     from trainer.inference.session import load_served
+
+    _camera_syntax(tuple(cameras))  # before the (slow) load
 
     key = read_api_key(api_key_file)
     if max_connections < 1:
@@ -65,11 +82,18 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     if max_frame_bytes < 1024:
         raise click.BadParameter(f"--max-frame-bytes {max_frame_bytes}: expected at least 1024")
     served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
+    try:
+        aliases = parse_aliases(tuple(cameras), served.spec.cameras)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    served.spec = dataclasses.replace(served.spec, aliases=aliases)
     for item in served.stand_ins:  # the run was trained on them: its observations are encoded the same way
         _say(f"serve: STAND-IN in use, as in training: {item}")
     spec = served.spec
     _say(
-        f"serve: cameras {list(spec.cameras)}; actions (channels {spec.channels}, frames "
+        f"serve: cameras {list(spec.cameras)}"
+        + (f" (client keys {list(spec.client_cameras)})" if spec.aliases else "")
+        + f"; actions (channels {spec.channels}, frames "
         f"{spec.frames_per_chunk}, per frame {spec.actions_per_frame}) in robot units; "
         f"infer {served.cfg.to_dict()['infer']}"
     )
@@ -112,8 +136,15 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
 @click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
 @click.option("--seed", default=0, show_default=True, help="noise seed (per connection's episode and chunk)")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@click.option(
+    "--camera",
+    "cameras",
+    multiple=True,
+    metavar="CLIENT_KEY=RUN_CAMERA",
+    help="the image key a client sends for one of the run's cameras (repeatable; every camera once)",
+)
 def main(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
-         device) -> None:  # fmt: skip
+         device, cameras) -> None:  # fmt: skip
     """Serve TARGET's actions over LingBot-VA's websocket policy protocol.
 
     One session per connection; the model's requests run one at a time. Binds 127.0.0.1 unless --host
@@ -138,7 +169,7 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
     try:
         code = serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, scale,
-                     seed, device)  # fmt: skip
+                     seed, device, cameras)  # fmt: skip
     except (KeyboardInterrupt, _Stopped):
         _say("serve: stopped while loading")
         code = EXIT_OK

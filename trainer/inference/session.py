@@ -11,14 +11,22 @@ A Session is upstream's VA_Server state for one client (`_reset`, `_infer`, `_co
 ChunkSampler of its own (its own KV cache and prompt; another connection never sees it):
     reset(prompt)      a new episode: the prompt embedded by the run's text encoder (none: data.prompt)
     observe(frame)     the next chunk: (C, F, N) robot-unit actions (channels, frames, actions per frame);
-                       the first chunk of an episode is conditioned on `frame`, encoded as one latent frame
-    executed(frames, state)  the frames the robot saw after executing the chunk (one image per latent
-                       frame: F - 1 after the first chunk, whose frame 0 is the observation, else F) and
-                       the executed actions (C, F, N) in robot units, normalised as training normalised
-                       them; they replace the chunk's predicted entries in the cache as real history.
-Each image is encoded alone (one latent frame per image, as upstream's clients send one key frame per
-latent frame): the Wan2.2 VAE resizes it bilinearly to its resolution as upstream does; the stand-in
-area-pools any size to its grid. The noise of chunk k of the e-th episode of a session is drawn from
+                       the first chunk of an episode is conditioned on `frame` (latent frame 0); later
+                       chunks ignore it, as upstream does (its clients re-send the first observation)
+    executed(frames, state)  the key frames the robot saw while executing the chunk, t per executed latent
+                       frame (t = the encoder's temporal factor: t x (F - 1) after the first chunk, whose
+                       frame 0 is the observation, else t x F), and the executed actions (C, F, N) in robot
+                       units, normalised as training normalised them; they replace the chunk's predicted
+                       entries in the cache as real history.
+
+The frames are streamed as upstream streams them (`WanVAEStreamingWrapper`): one LatentStream per camera
+per episode (trainer/data/encoder.py `stream()`, made fresh on reset; a camera whose view is of another
+size, the T-shape's wrists, through `resized`), the first observation pushed alone (latent frame 0), then
+each compute_kv_cache's key frames in groups of t; so the latents are those `encode` gives the whole video,
+the run's training latents. The views are composed as training composes them (trainer/data/views.py,
+data.layout) and standardised as training's stand-in latents. A key-frame count the stream cannot take is
+refused before anything is encoded (ProtocolError, field "obs": what was expected and what came) and the
+streams stay as they were. The noise of chunk k of the e-th episode of a session is drawn from
 evaluate._seeded(seed, e, k), as bin/evaluate draws chunk k of its e-th episode: same inputs, same actions.
 """
 
@@ -58,15 +66,42 @@ class Served:
     def clip(self) -> float:
         return float(getattr(getattr(self.cfg, "recipe", None), "action_clip", ACTION_CLIP))
 
+    @property
+    def temporal(self) -> int:
+        """Key frames per latent frame after the first (the encoder's temporal factor)."""
+        return int(self.video.temporal)
+
+    def encoders(self) -> list[Any]:
+        """One encoder per camera, data.cameras order, at its view's latent size (views.view_sizes)."""
+        from trainer.data.views import view_sizes
+
+        main = (int(self.video.latent_side), int(self.video.latent_width))
+        return [self.video if (h, w) == main else self.video.resized(h, w) for h, w in view_sizes(self.cfg)]
+
+    def streams(self) -> list[Any]:
+        """A fresh episode: one LatentStream per camera (trainer/data/encoder.py)."""
+        return [enc.stream() for enc in self.encoders()]
+
     @torch.no_grad()
-    def encode(self, frames: list[Frame]) -> torch.Tensor:
-        """Frames -> latents [len(frames), C, H, views*W], standardised as training's stand-in latents."""
-        per_frame = []
-        for frame in frames:
+    def push(self, streams: list[Any], frames: list[Frame]) -> torch.Tensor:
+        """Frames through the episode's streams -> latents [L, C, H, W]: each camera's latents, composed
+        as training composes them (views.compose, data.layout), standardised as training's stand-in
+        latents. The count is the caller's to check (Session); a failed stream keeps its state."""
+        from trainer.data.views import compose, layout_of
+
+        stacks = []
+        for cam in self.spec.cameras:  # every check before any stream moves
+            images = [frame[cam] for frame in frames]
+            sizes = sorted({tuple(img.shape) for img in images})
+            if len(sizes) > 1:
+                raise ProtocolError(f"obs[...][{cam!r}]", f"expected one image size per request, got {sizes}")
             # a copy: a decoded array is a read-only view of the frame's bytes (torch warns on those)
-            views = [self.video.encode(np.array(frame[cam][None]))[:1] for cam in self.spec.cameras]
-            per_frame.append(np.concatenate(views, axis=-1))
-        x = np.concatenate(per_frame).astype(np.float32)
+            stacks.append(np.array(np.stack(images)))
+        problems = [p for st, x in zip(streams, stacks, strict=True) if (p := st.expected(x.shape[0]))]
+        if problems:
+            raise ProtocolError("obs", problems[0])
+        per_camera = [st.push(x) for st, x in zip(streams, stacks, strict=True)]
+        x = compose(per_camera, layout_of(self.cfg)).astype(np.float32)
         if self.latent_stats is not None:
             mean, std = self.latent_stats
             x = (x - mean) / std
@@ -123,6 +158,7 @@ class Session:
         self.episode = -1  # index of the current episode on this connection (the noise seed's part)
         self.chunk = 0  # chunks sampled in this episode
         self.first_latent: torch.Tensor | None = None
+        self.streams: list[Any] = []  # one LatentStream per camera, this episode's
         self.pending = False  # a chunk was sampled and its real frames have not arrived yet
 
     def reset(self, prompt: str | None) -> None:
@@ -133,6 +169,7 @@ class Session:
         )
         self.episode += 1
         self.chunk, self.first_latent, self.pending = 0, None, False
+        self.streams = s.streams()
 
     def _sampler(self) -> ChunkSampler:
         if self.sampler is None:
@@ -145,13 +182,15 @@ class Session:
         first = sampler.frame == 0
         if first and frame is None:
             raise ProtocolError(
-                "obs", f"the first chunk needs an observation: a map of {list(s.spec.cameras)}"
+                "obs", f"the first chunk needs an observation: a map of {list(s.spec.client_cameras)}"
             )
         if self.pending:  # a second request for the same chunk: forget the first answer's predictions
             sampler.drop_predicted()
-        if first:
+        if first:  # latent frame 0; again on a second plain request (nothing else was pushed yet)
             assert frame is not None
-            self.first_latent = s.encode([frame])[0]
+            streams = s.streams()
+            self.first_latent = s.push(streams, [frame])[0]
+            self.streams = streams
         chunk = sampler.sample(
             first_latent=self.first_latent if first else None,
             generator=_seeded(s.seed, self.episode, self.chunk),
@@ -160,17 +199,34 @@ class Session:
         robot = to_robot_units(chunk.actions, s.normalizer, s.slots)
         return action_layout(robot, s.spec.frames_per_chunk, s.spec.actions_per_frame)
 
+    def expected_key_frames(self) -> tuple[int, int]:
+        """(key frames, executed latent frames) the next compute_kv_cache must carry."""
+        f = self.served.spec.frames_per_chunk
+        latent_frames = f - 1 if self._sampler().frame == 0 else f
+        return self.served.temporal * latent_frames, latent_frames
+
     @torch.no_grad()
     def executed(self, frames: list[Frame], state: np.ndarray) -> None:
         sampler, s = self._sampler(), self.served
         if not self.pending:
             raise ProtocolError("compute_kv_cache", "no chunk to update: send an observation first")
         first = sampler.frame == 0
-        total = len(frames) + (1 if first else 0)
-        if not frames and not first:
-            raise ProtocolError("obs", "expected at least one executed frame")
-        state = check_state(state, s.spec, total)
-        latents = s.encode(frames) if frames else None
+        want, latent_frames = self.expected_key_frames()
+        if len(frames) != want:  # before anything is encoded: the streams stay as they were
+            raise ProtocolError(
+                "obs",
+                f"expected {want} key frames ({s.temporal} per executed latent frame x {latent_frames} "
+                f"latent frames), got {len(frames)}",
+            )
+        state = check_state(state, s.spec, s.spec.frames_per_chunk)
+        try:
+            latents = s.push(self.streams, frames) if frames else None
+        except ProtocolError:
+            raise  # refused before any stream moved
+        except Exception:
+            # a camera's stream failed after another's moved on: the episode's history is lost
+            self.sampler = None
+            raise
         if first:
             assert self.first_latent is not None
             head = self.first_latent[None]
