@@ -8,8 +8,9 @@ Layout (under the discovered episode folder, so it travels with the data):
         text.npz                      prompt_emb (L, D), prompt_mask (L,), empty_emb, empty_mask
         episodes/<relpath>.npz        one per source file: latents__<camera> (L, C, h, w) float16 (its
                                       own size: views.view_sizes), actions (T, 8) (every row), rewards,
-                                      skills, robot state / parts_poses / real-robot extras (kept), and `meta` (JSON: source fingerprint, spec hash,
-                                      status used/skipped + reason, reader notes)
+                                      skills, robot state / parts_poses / real-robot extras (kept),
+                                      and `meta` (JSON: source fingerprint, spec hash, status
+                                      used/skipped + reason, reader notes)
 
 Rates: an episode's rows are its actions; its video frames are rows 0, a, 2a, ... (a =
 data.actions_per_video_frame, upstream's frame_stride): only those rows' images are encoded (video_rows),
