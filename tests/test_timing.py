@@ -156,6 +156,9 @@ def _real_model(tmp: Path, device: torch.device):
             "data.path": str(tmp / "data"),
             "data.generated_episodes": 2,
             "data.generated_length": 16,
+            # the step shape this module was measured at (the CPU scale's N before it became 4): clips of
+            # 8 latent frames need 1 + 2 x 7 = 15 of the 16 frames
+            "data.actions_per_frame": 2,
             "data.val_episodes": 0,  # 2 episodes: none to spare for a held-out split
             "train.grad_accum": GRAD_ACCUM,
         },
