@@ -214,3 +214,15 @@ def test_a_wrong_key_frame_count_is_refused_and_the_episode_goes_on():
         session.executed(video[:3], state)
     session.executed(video[1 + t * (f - 1) :], state)
     assert [s.pushed for s in session.streams] == [len(video)] * 2 and session.chunk == 2
+
+
+def test_actions_that_are_not_finite_are_never_sent():
+    """A broken checkpoint or normaliser gives NaN actions: an error (the server's 'server error' reply,
+    which upstream's clients raise), nothing pending, and the next request may try again."""
+    served = _served()
+    served.normalizer = QuantileNormalizer(np.full(8, np.nan, np.float32), np.ones(8, np.float32))
+    session = Session(served)
+    session.reset(None)
+    with pytest.raises(FloatingPointError, match="not finite.*nothing was sent"):
+        session.observe(_frames(1)[0])
+    assert not session.pending and session.sampler is not None and session.sampler.frame == 0

@@ -195,8 +195,14 @@ class Session:
             first_latent=self.first_latent if first else None,
             generator=_seeded(s.seed, self.episode, self.chunk),
         )
-        self.pending = True
         robot = to_robot_units(chunk.actions, s.normalizer, s.slots)
+        if not np.isfinite(robot).all():  # never sent to a robot: a server error reply (the client raises)
+            sampler.drop_predicted()
+            raise FloatingPointError(
+                f"chunk {self.chunk} of episode {self.episode}: the sampled actions are not finite (NaN or "
+                "inf); the checkpoint or its inputs are broken, nothing was sent"
+            )
+        self.pending = True
         return action_layout(robot, s.spec.frames_per_chunk, s.spec.actions_per_frame)
 
     def expected_key_frames(self) -> tuple[int, int]:
