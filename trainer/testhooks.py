@@ -15,6 +15,11 @@ Variables (each: what it does):
 - `LINGBOT_TEST_NAN_AT=<steps>:<rank>[:<quantity>]` (steps: `3`, `2-4`, `2,4-5`): on that rank, at those
   steps, every micro-batch's `<quantity>` (action_loss, the default, or latent_loss) and its loss are
   multiplied by NaN before backward, so the gradients are NaN too (a divergence on one rank).
+- `LINGBOT_TEST_SIM_GOAL_AT=<step>`: a LIBERO simulator worker (trainer/evaluation/sim/worker.py), after
+  the episode's env step `<step>`, puts the task's objects into its goal state through the simulator's own
+  state API (trainer/evaluation/sim/goal.py), so the next step's `done` is the simulator's own verdict.
+- `LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: the simulator worker running that episode aborts
+  (`os.abort()`) at its first env step: a simulator crash, deterministically.
 
 A new hook adds its variable to this table and its function below; product code calls the function and
 never reads a `LINGBOT_TEST_*` variable itself (tests/test_structure.py checks it).
@@ -73,3 +78,15 @@ def nonfinite_loss(out: dict[str, Any], step: int, rank: int) -> dict[str, Any]:
     quantity = rest[0] if rest else "action_loss"
     nan = float("nan")
     return {**out, quantity: out[quantity] * nan, "loss": out["loss"] * nan}
+
+
+def sim_goal_at() -> int | None:
+    """`LINGBOT_TEST_SIM_GOAL_AT=<step>`: the env step after which the worker sets the goal state."""
+    spec = os.environ.get("LINGBOT_TEST_SIM_GOAL_AT")
+    return int(spec) if spec else None
+
+
+def sim_crash(task: int, episode: int) -> None:
+    """`LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: abort the simulator worker on that episode."""
+    if os.environ.get("LINGBOT_TEST_SIM_CRASH") == f"{task}:{episode}":
+        os.abort()

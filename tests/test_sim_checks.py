@@ -1,0 +1,137 @@
+"""The LIBERO evaluation's parts that need no simulator: the input checks, the asset manifest check, the
+worker pool's crash handling (with stand-in workers), the counting and the progress line.
+The real simulator runs in tests/test_sim_libero.py (heavy)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.evaluation.sim import assets, suites
+from trainer.evaluation.sim.report import Progress, record_path, summarise, write_results
+from trainer.evaluation.sim.runner import Pool
+from trainer.inference.protocol import Spec
+
+pytestmark = pytest.mark.fast
+
+LIBERO = Spec(suites.CAMERAS, 7, 4, 4)
+
+
+@pytest.mark.parametrize("suite", suites.SUITES)
+def test_every_suite_has_ten_tasks_in_the_manifest(suite):
+    assert suites.task_count(suite) == 10
+
+
+def test_tasks_parse_ranges_and_lists_and_refuse_out_of_range():
+    assert suites.parse_tasks(None, 10) == list(range(10))
+    assert suites.parse_tasks("all", 10) == list(range(10))
+    assert suites.parse_tasks("0-2,5,1", 10) == [0, 1, 2, 5]
+    for bad in ("10", "3-1", "-1", "x", "0-10"):
+        with pytest.raises(suites.UsageError, match="--tasks"):
+            suites.parse_tasks(bad, 10, "libero_10")
+
+
+def test_unknown_suite_and_counts_are_refused():
+    with pytest.raises(suites.UsageError, match="--suite 'libero_90'.*one of libero_10"):
+        suites.task_count("libero_90")
+    with pytest.raises(suites.UsageError, match="--episodes 0"):
+        suites.check_counts(0, 800, 1)
+
+
+def test_a_run_libero_cannot_drive_is_refused_naming_why():
+    suites.check_served(LIBERO, "run")
+    with pytest.raises(suites.UsageError, match="8 action channels.*takes 7"):
+        suites.check_served(Spec(suites.CAMERAS, 8, 4, 4), "run")
+    with pytest.raises(suites.UsageError, match="N = 6 .*multiple of 4"):
+        suites.check_served(Spec(suites.CAMERAS, 7, 4, 6), "run")
+    with pytest.raises(suites.UsageError, match="--camera"):
+        suites.check_served(Spec(("front", "wrist"), 7, 4, 4), "run")
+    aliased = Spec(("front", "wrist"), 7, 4, 4, aliases=((suites.CAMERAS[0], "front"), (suites.CAMERAS[1], "wrist")))
+    suites.check_served(aliased, "run")
+
+
+def _tree(tmp_path: Path) -> tuple[Path, Path]:
+    site, spec = tmp_path / "site", tmp_path / "spec"
+    spec.mkdir()
+    for manifest, under in assets.MANIFESTS.items():
+        f = site / under / "a" / "x.txt"
+        f.parent.mkdir(parents=True)
+        f.write_text(f"{manifest}\n")
+        (spec / manifest).write_text(f"{assets.blob_hash(f)}  a/x.txt\n")
+    return site, spec
+
+
+def test_asset_check_passes_upstream_files_and_names_a_changed_or_missing_one(tmp_path, capsys):
+    site, spec = _tree(tmp_path)
+    assert assets.main([str(site), str(spec)]) == 0
+    (site / "libero/libero/assets/a/x.txt").write_text("changed\n")
+    (site / "libero/libero/init_files/a/x.txt").unlink()
+    assert assets.main([str(site), str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "libero/libero/assets/a/x.txt: blob" in err and "is not upstream's" in err
+    assert "libero/libero/init_files/a/x.txt: missing" in err
+    assert "2 of 3 files differ" in err
+
+
+def test_blob_hash_is_gits():
+    # `printf 'hello\n' | git hash-object --stdin`
+    import tempfile
+
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(b"hello\n")
+        f.flush()
+        assert assets.blob_hash(Path(f.name)) == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+FAKE_WORKER = """
+import json, os, sys
+for line in sys.stdin:
+    job = json.loads(line)
+    if job["episode"] == 1:
+        os.abort()
+    print(json.dumps({**job, "success": job["task"] == 0}), flush=True)
+"""
+
+
+def test_a_crashed_worker_is_its_episodes_error_and_the_others_go_on(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    pool = Pool([sys.executable, str(script)], {}, workers=2, logs=tmp_path / "logs")
+    jobs = [(t, e) for t in (0, 1) for e in range(3)]
+    records = {(r["task"], r["episode"]): r for r in pool.run(jobs)}
+    assert set(records) == set(jobs)
+    for t in (0, 1):
+        assert "killed by SIGABRT" in records[(t, 1)]["error"]
+        assert "success" not in records[(t, 1)]
+        assert records[(t, 0)]["success"] is (t == 0) and records[(t, 2)]["success"] is (t == 0)
+
+
+def test_counting_reads_the_records_and_keeps_errors_apart(tmp_path):
+    out = tmp_path / "out"
+    for (t, e), ok in {(0, 0): True, (0, 1): False, (2, 0): True}.items():
+        path = record_path(out, t, e)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"task": t, "episode": e, "language": f"task {t}", "success": ok,
+                                    "timing": {"render": 1.0}}))  # fmt: skip
+    errors = [{"task": 2, "episode": 1, "error": "simulator worker killed by SIGABRT"}]
+    result = summarise(out, "libero_goal", "ckpt", [0, 2], 2, errors, 12.0, {})
+    assert (result["episodes"], result["successes"], result["success_rate"]) == (3, 2, 2 / 3)
+    assert [(r["task"], r["episodes"], r["successes"], r["rate"]) for r in result["tasks"]] == [
+        (0, 2, 1, 0.5), (2, 1, 1, 1.0)]  # fmt: skip
+    assert result["missing"] == 1 and result["errors"] == errors
+    assert result["episode_seconds"] == {"render": 3.0}
+    write_results(out, result)
+    assert json.loads((out / "results.json").read_text())["successes"] == 2
+    assert (out / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_line_counts_and_estimates(capsys):
+    lines: list[str] = []
+    p = Progress("libero_10", 4, 1, lines.append, tty=False)
+    p.update({"task": 0, "episode": 1, "success": True})
+    p.update({"task": 0, "episode": 2, "error": "simulator worker exited 1"})
+    assert "2/4 episodes, 1 success, 0 error" in lines[0]
+    assert "3/4 episodes, 1 success, 1 error" in lines[1] and "ETA 0:00:0" in lines[1]

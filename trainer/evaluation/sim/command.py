@@ -1,0 +1,217 @@
+"""`bin/evaluate TARGET --sim libero`: a checkpoint in LIBERO's simulator, through upstream's client loop.
+
+    run_libero(target, Options(suite="libero_10", tasks=None, episodes=50, max_steps=800, workers=None,
+               cameras=(), ...), say) -> (result, exit code)
+
+In order, so that bad input is refused before any simulator is built (UsageError, one line, exit 2):
+the suite, the task list and the counts (suites.py); the checkpoint loaded as bin/serve loads it
+(session.py `load_served`: the best checkpoint of a RUN_DIR, else its newest complete one) with the
+--camera map; whether LIBERO's loop can drive it (7 action channels, N % 4 == 0, its camera keys);
+the settings of earlier episodes in the output folder (a re-run must use the same, or name another
+folder). Then the simulator env (built on first use: env.py, sim/build.sh), its GL backend, and:
+
+Serving: in this process, on a loopback port (127.0.0.1, a free port the OS picks): bin/serve's own
+PolicyServer on a thread, one model request at a time, its log in OUT/serve.log. The workers speak to it
+over the websocket protocol exactly as upstream's client speaks to bin/serve (the same bytes), so what
+is measured is what a deployment runs; the transport's cost is measured per episode (report.py), and a
+served chunk costs less than the simulator steps it drives (bench/results/*-libero-*.md).
+
+Episodes: K simulator workers (runner.py, worker.py in .sim/libero; K = --workers, default the cores
+less one for the server, at least 1, at most the episodes to run), each episode `(task, e)` for the tasks
+asked and e < --episodes. Output under OUT = RUN_DIR/evaluation/<checkpoint>/libero/<suite>/: per
+episode its MP4 and record (worker.py), then results.json and success.png (report.py). An episode with
+a record is not run again: a re-run (after Ctrl-C, a crash, or with more --episodes) runs the rest.
+
+Exit: 0 every asked episode has a record; 1 some episodes errored (a crashed worker: counted apart, not
+as failures; the line names how many) or the simulator env could not be built or render; 2 bad input;
+130 Ctrl-C (what finished is kept, results.json written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from provision.atomic import write_json_atomic
+from trainer.evaluation.sim import suites
+from trainer.evaluation.sim.report import Progress, load_records, summarise, write_results
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    suite: str = "libero_10"
+    tasks: str | None = None
+    episodes: int = 50
+    max_steps: int = 800
+    workers: int | None = None
+    cameras: tuple[str, ...] = ()
+    config: str = "libero"
+    cpu_scale: bool = True
+    sets: tuple[str, ...] = ()
+    seed: int = 0
+    device: str = "auto"
+    out: str | None = None
+
+
+def default_workers() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def settings_of(opts: Options, checkpoint: str) -> dict:
+    """What an episode's outcome depends on besides its task and number: must match to resume."""
+    return {"suite": opts.suite, "checkpoint": checkpoint, "max_steps": opts.max_steps, "seed": opts.seed,
+            "sets": sorted(opts.sets), "cameras": sorted(opts.cameras)}  # fmt: skip
+
+
+def check_settings(out: Path, want: dict) -> None:
+    path = out / "settings.json"
+    if path.is_file():
+        import json
+
+        have = json.loads(path.read_text())
+        diff = [k for k in want if have.get(k) != want[k]]
+        if diff:
+            k = diff[0]
+            raise suites.UsageError(
+                f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}; use the same settings "
+                "to continue them, or another --out (or remove that folder)"
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, want)
+
+
+def load(target: str, opts: Options, say: Callable[[str], None]):
+    """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet."""
+    from trainer.inference.cli import default_plots_dir
+    from trainer.inference.protocol import parse_aliases
+    from trainer.inference.session import load_served
+
+    served = load_served(target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say)
+    try:
+        aliases = parse_aliases(opts.cameras, served.spec.cameras)
+    except ValueError as exc:
+        raise suites.UsageError(str(exc)) from None
+    served.spec = dataclasses.replace(served.spec, aliases=aliases)
+    suites.check_served(served.spec, target)
+    out = Path(opts.out) if opts.out else default_plots_dir(target) / "libero" / opts.suite
+    return served, served.what.removeprefix("checkpoint "), out
+
+
+class Serving:
+    """bin/serve's PolicyServer on a thread of this process, on a free loopback port."""
+
+    def __init__(self, served, log: Path):
+        from trainer.inference.server import Limits, PolicyServer
+
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "a")
+        self.server = PolicyServer(served, Limits(None, 64), lambda line: print(line, file=self.log, flush=True))
+        ready = threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.run("127.0.0.1", 0, lambda _: ready.set(), signals=False)),
+            name="lingbot-serve", daemon=True,
+        )  # fmt: skip
+        self.thread.start()
+        if not ready.wait(60) or not self.server.port:
+            raise RuntimeError(f"the in-process policy server did not start (log {log})")
+        self.uri = f"ws://127.0.0.1:{self.server.port}"
+
+    def close(self) -> None:
+        self.server.stop()
+        self.thread.join(30)
+        self.log.close()
+
+
+def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
+    from trainer.evaluation.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.evaluation.sim.runner import Pool
+
+    n = suites.task_count(suites.check_suite(opts.suite))
+    tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
+    suites.check_counts(opts.episodes, opts.max_steps, opts.workers or 1)
+    served, checkpoint, out = load(target, opts, say)
+    check_settings(out, settings_of(opts, checkpoint))
+    python = ensure_env("libero", say)
+    gl = choose_gl(python, say)
+    done = load_records(out, tasks, opts.episodes)
+    jobs = [(t, e) for t in tasks for e in range(opts.episodes) if (t, e) not in done]
+    workers = max(1, min(opts.workers or default_workers(), len(jobs) or 1))
+    say(f"evaluate: LIBERO {opts.suite}, tasks {tasks}, {opts.episodes} episode(s) each, max {opts.max_steps} "
+        f"steps: {len(done)} done before, {len(jobs)} to run on {workers} simulator worker(s); out {out}")  # fmt: skip
+    errors: list[dict] = []
+    code, start = 0, time.monotonic()
+    if jobs:
+        serving = Serving(served, out / "serve.log")
+        argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", "--uri", serving.uri,
+                "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps)]  # fmt: skip
+        pool = Pool(argv, worker_env(python, gl), workers, out / "logs")
+        progress = Progress(opts.suite, len(tasks) * opts.episodes, len(done), say)
+        try:
+            for record in pool.run(jobs):
+                progress.update(record)
+                if "error" in record:
+                    errors.append(record)
+        except KeyboardInterrupt:
+            pool.stop()
+            code = EXIT_INTERRUPTED
+        finally:
+            progress.close()
+            serving.close()
+    result = summarise(out, opts.suite, checkpoint, tasks, opts.episodes, errors, time.monotonic() - start, {})
+    write_results(out, result)
+    rate = result["success_rate"]
+    say(f"evaluate: {opts.suite}: {result['successes']}/{result['episodes']} episodes succeeded"
+        f"{'' if rate is None else f' ({rate:.1%})'}; {len(errors)} error(s); results {out / 'results.json'}")  # fmt: skip
+    if code == EXIT_INTERRUPTED:
+        say(f"evaluate: interrupted: {result['episodes']} episode(s) kept; run the same command to continue")
+    elif errors:
+        say(f"evaluate: {len(errors)} episode(s) did not run (simulator worker crashed; logs {out / 'logs'}); "
+            "run the same command again to retry them")  # fmt: skip
+        code = 1
+    return result, code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Until bin/evaluate carries --sim: python -m trainer.evaluation.sim.command TARGET [options]."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("target")
+    p.add_argument("--suite", default="libero_10")
+    p.add_argument("--tasks", default=None)
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument("--max-steps", type=int, default=800)
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--camera", action="append", default=[])
+    p.add_argument("--set", action="append", default=[])
+    p.add_argument("--out", default=None)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    opts = Options(a.suite, a.tasks, a.episodes, a.max_steps, a.workers, tuple(a.camera), sets=tuple(a.set),
+                   out=a.out)  # fmt: skip
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        result, code = run_libero(a.target, opts, say)
+    except suites.UsageError as exc:
+        say(f"evaluate: {exc}")
+        return 2
+    if a.json:
+        print(json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The LIBERO simulator environment on this node: built on first use, its GL backend chosen and said.
+
+    python = ensure_env("libero", say)      # sim/build.sh libero: .sim/libero built (or waited for) once
+    gl = choose_gl(python, say)             # "egl", else "osmesa"; SimEnvError naming the package if neither
+    env = worker_env(python, gl)            # the environment a worker process runs with
+
+ensure_env runs sim/build.sh (a flock'd build with a ready-marker keyed by the locks' hash, as
+bin/_tool_env.sh builds .venv; see that script for what is built and checked); it returns at once when
+the prefix is ready. The GL probe runs in the simulator env, in a subprocess per backend: mujoco's own
+`GLContext(64, 64)` made current, what robosuite's offscreen renderer does first. EGL is tried first (a
+GPU node's driver, or Mesa's llvmpipe through libegl1 + libgl1-mesa-dri on a CPU node), then OSMesa
+(libosmesa6). The choice is made per node (a login node and a worker may differ) and said in one line.
+worker_env sets MUJOCO_GL and PYOPENGL_PLATFORM to it, LIBERO_CONFIG_PATH to the config sim/build.sh
+wrote (so `import libero.libero` never prompts), and PYTHONPATH to this repository.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+BACKENDS = {  # backend -> the Debian packages that provide it
+    "egl": "libegl1 libgl1-mesa-dri",
+    "osmesa": "libosmesa6",
+}
+PROBE = "import mujoco; c = mujoco.GLContext(64, 64); c.make_current(); c.free(); print('ok')"
+
+
+class SimEnvError(RuntimeError):
+    """The simulator environment cannot be built or cannot render here (one line: why, and the fix)."""
+
+
+def prefix(name: str = "libero") -> Path:
+    return REPO / ".sim" / name
+
+
+def ensure_env(name: str, say: Callable[[str], None]) -> Path:
+    """The simulator env's python, building it first when it is missing or stale (stderr passes through)."""
+    proc = subprocess.run([str(REPO / "sim" / "build.sh"), name], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SimEnvError(
+            f"sim/build.sh {name} exited {proc.returncode} (its reason above; log {REPO}/.sim/{name}.log)"
+        )
+    python = Path(proc.stdout.strip().splitlines()[-1])
+    say(f"evaluate: simulator env {python.parent.parent} (sim/{name}/*.lock)")
+    return python
+
+
+def worker_env(python: Path, gl: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "MUJOCO_GL": gl, "PYOPENGL_PLATFORM": gl,
+        "LIBERO_CONFIG_PATH": str(python.parent.parent / "libero-config"),
+        "PYTHONPATH": str(REPO), "PYTHONNOUSERSITE": "1",
+    })  # fmt: skip
+    return env
+
+
+def choose_gl(python: Path, say: Callable[[str], None], wanted: str | None = None) -> str:
+    """The first backend of `wanted` (default: egl, then osmesa) that makes a context here."""
+    tried = []
+    for backend in [wanted] if wanted else list(BACKENDS):
+        proc = subprocess.run(
+            [str(python), "-c", PROBE], env=worker_env(python, backend), capture_output=True, text=True,
+            timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        if proc.returncode == 0 and proc.stdout.strip().endswith("ok"):
+            say(f"evaluate: rendering with MUJOCO_GL={backend}")
+            return backend
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tried.append(f"{backend}: {last[:160]}")
+    packages = " or ".join(BACKENDS[b] for b in ([wanted] if wanted else BACKENDS))
+    raise SimEnvError(
+        f"no OpenGL backend for the simulator's cameras ({'; '.join(tried)}); "
+        f"install the Debian package(s): apt-get install {packages}"
+    )
