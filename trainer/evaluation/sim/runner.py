@@ -76,9 +76,13 @@ class Pool:
                 except json.JSONDecodeError:
                     record = None
                 if not isinstance(record, dict) or "success" not in record:
-                    _end(proc)
+                    try:
+                        proc.wait(timeout=10)  # it closed its stdout: it is exiting; its status says how
+                    except subprocess.TimeoutExpired:
+                        _end(proc)
                     log = self.logs / f"worker-{slot}.log"
                     why = exit_text(proc.returncode) if not line else f"answered {line.strip()[:120]!r}"
+                    why += f": {_last_line(log)}" if _last_line(log) else ""
                     record = {"task": task, "episode": episode, "error": f"simulator worker {why} (log {log})"}
                     proc = None
                 out.put(record)
@@ -111,6 +115,15 @@ class Pool:
             procs = list(self.procs.values())
         for proc in procs:
             _end(proc)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        text = log.read_text(errors="replace").splitlines()
+        lines = [x.strip() for x in text if x.strip() and "WARNING" not in x]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
 
 
 def _end(proc: subprocess.Popen, close: bool = False) -> None:

@@ -158,11 +158,12 @@ def run_one(client: Client, suite: Any, task: int, episode: int, max_steps: int)
             if done:
                 break
             client.infer(dict(obs=key_frame_list, compute_kv_cache=True, imagine=False, state=action))
+        steps = int(env.env.timestep) - SETTLE
     finally:
         env.close()
     return {
         "task": task, "episode": episode, "language": prompt, "success": bool(done),
-        "steps": int(env.env.timestep) - SETTLE, "chunks": chunks, "frames": frames,
+        "steps": steps, "chunks": chunks, "frames": frames,
         "timing": {
             "build": t1 - t0, "reset": t2 - t1, "physics": sim.step_s - sim.render_s, "render": sim.render_s,
             "policy": client.server_s - policy0, "transport": client.transport_s - transport0,
@@ -197,6 +198,7 @@ def write_episode(record: dict, out: Path) -> dict:
     record["timing"]["video"] = time.perf_counter() - start
     record["video"] = str(video.relative_to(out))
     record["seconds"] = sum(record["timing"].values())
+    (out / "episodes").mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "episodes" / f"{name}.json", record)
     return record
 
