@@ -1,4 +1,4 @@
-"""Action inference time per chunk, with and without the KV cache (trainer/inference/sampler.py).
+"""Action inference time per chunk, with and without the KV cache (trainer/sampling/sampler.py).
 
 Measured: the cpu_scale model of furniture_train (random weights: time does not depend on them), fp32,
 the reference's sampler settings (config `infer`: 5 video + 10 action steps, each loop + its t = 0 pass,
@@ -24,9 +24,9 @@ from bench.common import Table, median  # noqa: E402
 def _session(cfg, kv_cache: bool):
     import torch
 
-    from trainer.inference.sampler import ChunkSampler
     from trainer.model import WorldModel
     from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
+    from trainer.sampling.sampler import ChunkSampler
 
     torch.manual_seed(0)
     model = WorldModel(cfg).eval()

@@ -35,13 +35,13 @@ def write_dataset(root: Path, episodes: int, length: int, version: str) -> None:
 
 
 def lerobot_layout(root: Path) -> str:
-    from trainer.data import lerobot
+    from trainer.data.formats import lerobot
 
     return lerobot.load(root).version
 
 
 def decode_rate(root: Path) -> tuple[float, int, float]:
-    from trainer.data import lerobot
+    from trainer.data.formats import lerobot
 
     ds = lerobot.load(root)
     frames, t0 = 0, time.perf_counter()
@@ -57,7 +57,7 @@ def prepare_rate(root: Path, encoder: str, tmp: Path) -> tuple[float, int, float
     from diffusers import AutoencoderKLWan
 
     from trainer.config import load_config
-    from trainer.data.prepare import prepare
+    from trainer.data.cache.prepare import prepare
 
     overrides = {
         "data.path": str(root), "data.cameras": list(CAMERAS), "data.text_length": 16, "data.val_episodes": 0,

@@ -1,4 +1,4 @@
-"""Latent-cache preparation throughput: frames/s through `trainer.data.prepare` on this machine, and the
+"""Latent-cache preparation throughput: frames/s through `trainer.data.cache.prepare` on this machine, and the
 Wan2.2 VAE's encoder FLOPs per frame (released architecture, random weights) for the cluster estimate.
 
     .venv/bin/python bench/bench_prepare.py [--quick]
@@ -70,7 +70,7 @@ def prepare_rate(encoder: str, episodes: int, length: int) -> tuple[float, int, 
     import torch
     from diffusers import AutoencoderKLWan
 
-    from trainer.data.prepare import prepare
+    from trainer.data.cache.prepare import prepare
     from trainer.data.stream import ensure_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,7 +116,7 @@ def run(quick: bool) -> list[Table]:
             ]
         )
     prep = Table(
-        "latent-cache preparation on CPU (python -m trainer.data.prepare path, 2 cameras, 224x224 frames)",
+        "latent-cache preparation on CPU (trainer.data.cache.prepare path, 2 cameras, 224x224 frames)",
         ["encoder", "frames", "seconds", "frames/s"],
         rows,
         ratio=f"tiny wan_vae / patch_mean frames/s: {rates[1] / rates[0]:.3f}x",

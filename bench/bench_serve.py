@@ -4,13 +4,13 @@ the sampler alone.
 Geometries (the `libero` and `robotwin` presets' cpu_scale models, random weights: time does not depend on
 them; fp32; the stand-in encoders at their temporal factor 4; images at the clients' sizes):
     libero    2 cameras of 128 x 128 side by side, 7 channels, F = 4 frames per chunk, N = 4 actions per frame
-    robotwin  3 cameras of 240 x 320 (RoboTwin's D435 size, assumed: tests/support/upstream_clients.py) in
+    robotwin  3 cameras of 240 x 320 (RoboTwin's D435 size, assumed: trainer/evaluation/loops.py) in
               the T-shape, 16 channels, F = 2, N = 16
 Infer settings: 5 video + 10 action steps, guidance 5 (two rows): this benchmark's earlier settings (the
 presets' own, 20-25 + 50 steps, scale each chunk's time by about the step count). The server is
-trainer/inference/server.py's PolicyServer (websockets, the msgpack-numpy codec, a Session per connection,
+trainer/serving/server.py's PolicyServer (websockets, the msgpack-numpy codec, a Session per connection,
 the one model worker thread) on 127.0.0.1, in a thread of this process; the client is
-trainer/inference/replay.py's PolicyClient. One episode at the clients' cadence: chunk 0 (reset,
+trainer/evaluation/replay.py's PolicyClient. One episode at the clients' cadence: chunk 0 (reset,
 observation), then per chunk compute_kv_cache (4 key frames per executed latent frame, streamed through the
 encoder, and the executed actions) and the next observation (the first one re-sent, as the clients do).
 Per chunk: the client's round trip of the observation (what a robot waits for an action chunk), the
@@ -51,13 +51,13 @@ def _served(cfg):
     import numpy as np
     import torch
 
-    from trainer.data.encoder import make_encoder
+    from trainer.data.encoding.encoder import make_encoder
+    from trainer.data.encoding.text import StandInText
+    from trainer.data.encoding.views import grid
     from trainer.data.normalize import QuantileNormalizer
-    from trainer.data.text import StandInText
-    from trainer.data.views import grid
-    from trainer.inference.protocol import Spec
-    from trainer.inference.session import Served
     from trainer.model import WorldModel
+    from trainer.serving.protocol import Spec
+    from trainer.serving.session import Served
 
     torch.manual_seed(0)
     model = WorldModel(cfg).eval()
@@ -87,9 +87,9 @@ def measure(preset: str, chunks: int) -> dict[str, list[float]]:
     import numpy as np
     import torch
 
-    from trainer.inference.replay import PolicyClient
-    from trainer.inference.server import Limits, PolicyServer
-    from trainer.inference.session import Session
+    from trainer.serving.client import PolicyClient
+    from trainer.serving.server import Limits, PolicyServer
+    from trainer.serving.session import Session
 
     cfg = _config(preset)
     served = _served(cfg)

@@ -4,7 +4,7 @@
         [--camera CLIENT_KEY=RUN_CAMERA ...] [--set KEY=VALUE ...]
 
 Starts `bin/serve RUN_DIR --port 0` (with the --camera and --set given), then runs the loop of
-tests/support/upstream_clients.py (written from evaluation/libero/client.py `run_one` and
+trainer/evaluation/loops.py (written from evaluation/libero/client.py `run_one` and
 evaluation/robotwin/eval_polict_client_openpi.py `eval_policy`) against it on a stand-in simulator for
 `--chunks` chunks, prints one JSON line (action shapes, key frames per compute_kv_cache, finite, seconds,
 bin/serve's exit status after SIGTERM) and exits non-zero when any chunk is missing, any action is not
@@ -30,15 +30,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.upstream_clients import (  # noqa: E402
+from trainer.evaluation.loops import (  # noqa: E402
     LIBERO_CAMERAS,
     LIBERO_SIZE,
-    RoboTwinSim,
-    StandInSim,
     libero_episode,
     robotwin_episode,
 )
-from trainer.inference.replay import PolicyClient  # noqa: E402
+from trainer.evaluation.standin import RoboTwinSim, StandInSim  # noqa: E402
+from trainer.serving.client import PolicyClient  # noqa: E402
 
 
 def _start(argv: list[str]) -> tuple[subprocess.Popen, int, list[str]]:

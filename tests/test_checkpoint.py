@@ -263,7 +263,7 @@ def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_gro
 
 
 def _batch(cfg):
-    from trainer.data import build_stream
+    from trainer.data.stream import build_stream
 
     return build_stream(cfg, 0, 1).micro_batch(1, 0)
 

@@ -17,7 +17,7 @@ import pytest
 from trainer.attempt import Attempt
 from trainer.config import ConfigError, RunConfig, load_config, resolve_config
 from trainer.config.rules import CAMERA_NAMES, RULES, Free, Rule
-from trainer.data.furniturebench import CAMERAS
+from trainer.data.formats.furniturebench import CAMERAS
 from trainer.launcher import main as launch
 
 pytestmark = pytest.mark.fast

@@ -15,17 +15,22 @@ import torch
 from tests.support.tiny_wan import make_tiny_vae
 from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig, apply_overrides
-from trainer.data import DatasetError, build_stream
-from trainer.data import cache as cache_mod
-from trainer.data import generate as generate_mod
-from trainer.data.cache import StaleCache
-from trainer.data.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_NO_PKL, discover
-from trainer.data.encoder import PatchMeanEncoder, WanVAEEncoder
-from trainer.data.furniturebench import PREPROCESSED, ROBOT_STATE, read_episode, write_episode
+from trainer.data.cache import store as cache_mod
+from trainer.data.cache.manifest import StaleCache
+from trainer.data.cache.prepare import ensure_cache, prepare
+from trainer.data.encoding.encoder import PatchMeanEncoder, WanVAEEncoder
+from trainer.data.encoding.text import StandInText, T5Text
+from trainer.data.formats import generate as generate_mod
+from trainer.data.formats.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_NO_PKL, discover
+from trainer.data.formats.furniturebench import (
+    PREPROCESSED,
+    ROBOT_STATE,
+    DatasetError,
+    read_episode,
+    write_episode,
+)
 from trainer.data.normalize import QuantileNormalizer
-from trainer.data.prepare import ensure_cache, prepare
-from trainer.data.stream import ensure_dataset
-from trainer.data.text import StandInText, T5Text
+from trainer.data.stream import build_stream, ensure_dataset
 
 EPISODES, LENGTH = 8, 24  # index 3: observation failure, index 5: failed demonstration
 
@@ -491,14 +496,25 @@ def test_killed_generation_is_never_a_dataset(tmp_path, monkeypatch):
 
 @pytest.mark.fast
 def test_missing_dataset_without_generation(tmp_path):
-    with pytest.raises(DatasetError, match="generate_if_missing is off.*python -m trainer.data.generate"):
+    with pytest.raises(
+        DatasetError, match="generate_if_missing is off.*python -m trainer.data.formats.generate"
+    ):
         ensure_dataset(small_cfg(tmp_path / "absent", **{"data.generate_if_missing": False}))
 
 
 @pytest.mark.heavy
 def test_generate_cli(tmp_path):
     out = tmp_path / "cli"
-    args = [sys.executable, "-m", "trainer.data.generate", str(out), "--episodes", "2", "--length", "5"]
+    args = [
+        sys.executable,
+        "-m",
+        "trainer.data.formats.generate",
+        str(out),
+        "--episodes",
+        "2",
+        "--length",
+        "5",
+    ]
     first = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert len(collector_files(out)) == 2
@@ -567,7 +583,7 @@ def test_prepare_under_torchrun(tmp_path):
         "--nproc-per-node",
         "2",
         "-m",
-        "trainer.data.prepare",
+        "trainer.data.cache.prepare",
     ]
     for s in sets + ["model.latent_size=8", "model.latent_channels=4", "data.text_length=8"]:
         args += ["--set", s]

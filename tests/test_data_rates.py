@@ -1,5 +1,5 @@
 """Actions faster than video (data.actions_per_video_frame), the T-shape layout, relative poses, and the
-default cache spec unchanged by them (trainer/data/cache.py, stream.py, poses.py, model/masks.py)."""
+default cache spec unchanged by them (trainer/data/cache/store.py, stream.py, poses.py, model/masks.py)."""
 
 import numpy as np
 import pytest
@@ -7,15 +7,15 @@ import pytest
 from tests.test_data import small_cfg
 from trainer.config import load_config
 from trainer.config.load import parse_set
-from trainer.data import generate as generate_mod
-from trainer.data import views
-from trainer.data.cache import make_spec
-from trainer.data.encoder import make_encoder
-from trainer.data.furniturebench import DatasetError, read_episode
+from trainer.data.cache.store import make_spec
+from trainer.data.encoding import views
+from trainer.data.encoding.encoder import make_encoder
+from trainer.data.encoding.text import make_text_encoder
+from trainer.data.formats import generate as generate_mod
+from trainer.data.formats.furniturebench import DatasetError, read_episode
 from trainer.data.poses import relative_to_first
 from trainer.data.stream import build_stream
-from trainer.data.text import make_text_encoder
-from trainer.model.masks import latent_grid, sequence_shape
+from trainer.model.masks import sequence_shape
 
 # Measured at HEAD c949d2f before this change: make_spec(cfg, make_encoder(cfg), make_text_encoder(cfg))
 # .digest() for load_config('furniture_train', cpu_scale=True) with no overrides.
@@ -72,14 +72,14 @@ def _tshape_cfg(path):
 def test_tshape_composes_wrists_above_the_high_camera(dataset):
     """Per-camera encoders at their views.view_sizes (cache.camera_encoders), composed as the stream does.
     (FurnitureBench .pkl files hold two cameras only, so the frames here are random.)"""
-    from trainer.data.cache import camera_encoders
+    from trainer.data.cache.store import camera_encoders
 
     cfg = _tshape_cfg(dataset)
     enc = make_encoder(cfg)
     spec = make_spec(cfg, enc, make_text_encoder(cfg))
     assert spec.to_json()["layout"] == "tshape" and spec.to_json()["latent_width"] == 12
     assert spec.view_sizes() == views.view_sizes(cfg) == [(8, 12), (4, 6), (4, 6)]
-    encoders = camera_encoders(spec, enc)
+    encoders = camera_encoders(spec.cameras, spec.view_sizes(), enc)
     frames = np.random.default_rng(0).integers(0, 255, (5, 32, 32, 3), dtype=np.uint8)
     per = [encoders[c].encode(frames + i) for i, c in enumerate(cfg.data.cameras)]
     assert [p.shape[-2:] for p in per] == [(8, 12), (4, 6), (4, 6)]
@@ -95,11 +95,11 @@ def test_tshape_tokens_per_frame(dataset):
     from trainer.plan.memory import synthetic_micro_batch
 
     cfg = _tshape_cfg(dataset)
-    assert latent_grid(cfg) == views.grid(cfg) == (12, 12)
+    assert views.grid(cfg) == (12, 12)
     assert sequence_shape(cfg).tokens_per_frame == (12 // 2) * (12 // 2)
     assert tuple(synthetic_micro_batch(cfg)["latents"].shape[-2:]) == (12, 12)
     side = small_cfg(dataset, **{"data.cameras": "color_image2,color_image1"})
-    assert latent_grid(side) == views.grid(side) == (8, 16)
+    assert views.grid(side) == (8, 16)
 
 
 def _quat(axis, angle):

@@ -34,8 +34,8 @@ BIN_MODULE = {
     "train": "trainer.launcher",
     "provision": "provision.cli",
     "envcheck": "provision.check",
-    "evaluate": "trainer.inference.cli",
-    "serve": "trainer.inference.serve_cli",
+    "evaluate": "trainer.evaluation.cli",
+    "serve": "trainer.serving.cli",
 }
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9-]*")
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -161,7 +161,7 @@ def test_the_documents_show_commands():
         "bin/provision",
         "bin/envcheck",
         "bin/test",
-        "python -m trainer.data.prepare",
+        "python -m trainer.data.cache.prepare",
     ):
         assert any(c.startswith(program) for c in commands), (program, commands)
 
@@ -178,4 +178,4 @@ def test_a_wrong_flag_or_program_is_caught():
     ]
     assert problems("bin/nothing here") == ["bin/nothing is not an executable file of this tree"]
     assert problems("python -m trainer.no_such_module --x") == ["no module trainer.no_such_module"]
-    assert problems("torchrun --nproc-per-node 8 -m trainer.data.prepare --config x --set a=1") == []
+    assert problems("torchrun --nproc-per-node 8 -m trainer.data.cache.prepare --config x --set a=1") == []

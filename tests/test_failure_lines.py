@@ -24,7 +24,7 @@ Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/repo/trainer/loop/train.py", line 120, in build
     stream = build_stream(cfg, rank, world_size)
-trainer.data.furniturebench.DatasetError: /data/0.pkl: <file>: not a readable episode pickle
+trainer.data.formats.furniturebench.DatasetError: /data/0.pkl: <file>: not a readable episode pickle
 
 The above exception was the direct cause of the following exception:
 

@@ -1,4 +1,5 @@
-"""Action inference (trainer/inference/, trainer/model/kv_cache.py, streaming.py) and open-loop evaluation:
+"""Action inference (trainer/sampling/, trainer/model/kv_cache.py, streaming.py) and open-loop evaluation
+(trainer/evaluation/):
 the schedule, the cache's keep/evict/drop rules, cached == recomputed history, first-chunk conditioning,
 zeroed unused channels, guidance rows (action guidance without video guidance works), bin/evaluate's
 targets, a DCP checkpoint loaded unsharded, and the evaluation's counts and determinism."""
@@ -12,13 +13,13 @@ import torch
 from tests.support.lingbot_tiny import VIEWS, tiny_cfg
 from trainer.config import InferConfig
 from trainer.data.normalize import QuantileNormalizer
-from trainer.inference.evaluate import Episode, evaluate_open_loop
-from trainer.inference.load import TargetError, load_model, resolve_target
-from trainer.inference.sampler import ChunkSampler
-from trainer.inference.scheduler import FlowSchedule
+from trainer.evaluation.openloop import Episode, evaluate_open_loop
 from trainer.model import WorldModel
 from trainer.model.kv_cache import LayerKVCache
 from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
+from trainer.sampling.load import TargetError, load_model, resolve_target
+from trainer.sampling.sampler import ChunkSampler
+from trainer.sampling.scheduler import FlowSchedule
 
 pytestmark = pytest.mark.fast
 F, TEXT = 2, 5

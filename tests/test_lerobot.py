@@ -1,4 +1,5 @@
-"""LeRobot datasets in (trainer/data/lerobot.py, lerobot_v3.py, lerobot_cache.py, upstream.py, video.py):
+"""LeRobot datasets in (trainer/data/formats/: lerobot.py, lerobot_v3.py, upstream.py, video.py;
+trainer/data/cache/lerobot_entries.py):
 meta parsing and bad input on hand-written meta/ (fast), and datasets written by lerobot itself
 (tests/support/lerobot_env.py: cached test-only environments; 0.3.3 writes v2.1, 0.4.4 writes v3.0)
 decoded, prepared with the tiny AutoencoderKLWan/UMT5, written to and read from the reference's latents/
@@ -17,8 +18,8 @@ from tests.support import runs
 from tests.support.lerobot_env import lerobot_site, run_writer
 from trainer.config import RunConfig, apply_overrides
 from trainer.config.rules import violations
-from trainer.data import lerobot
-from trainer.data.furniturebench import DatasetError
+from trainer.data.formats import lerobot
+from trainer.data.formats.furniturebench import DatasetError
 
 FRONT, WRIST, STILL = "observation.images.front", "observation.images.wrist", "observation.images.still"
 
@@ -133,8 +134,8 @@ def _meta_v3(root: Path, to_timestamp: float = 1.0) -> Path:
 
 @pytest.mark.fast
 def test_v3_meta_sources_and_timestamp_mismatch(tmp_path):
-    from trainer.data import lerobot_v3
-    from trainer.data.cache import source_file
+    from trainer.data.cache.store import source_file
+    from trainer.data.formats import lerobot_v3
 
     ds = lerobot.load(_meta_v3(tmp_path / "ds"))
     data = tmp_path / "ds/data/chunk-000/file-000.parquet"
@@ -340,8 +341,8 @@ def test_cache_resumes_and_a_changed_video_makes_it_stale(writer, version, tmp_p
     import re
 
     from trainer.config import load_config, parse_set
-    from trainer.data.cache import StaleCache
-    from trainer.data.prepare import ensure_cache, prepare
+    from trainer.data.cache.manifest import StaleCache
+    from trainer.data.cache.prepare import ensure_cache, prepare
 
     root = tmp_path / "ds"
     shutil.copytree(writer(version)[0], root)
@@ -383,8 +384,8 @@ def test_prepare_writes_and_reads_the_reference_latents_layout(written, released
     import torch
 
     from trainer.config import load_config, parse_set
-    from trainer.data import encoder
-    from trainer.data.prepare import prepare
+    from trainer.data.cache.prepare import prepare
+    from trainer.data.encoding import encoder
     from trainer.data.stream import build_stream
 
     root = tmp_path / "ds"
@@ -445,9 +446,9 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp
     assert summary["data"]["split"]["held_out"] == [held]
     assert sorted(runs.losses_by_step(run)) == [1, 2]
     # bin/evaluate on it: every episode with its own task's prompt (episodes 0 and 2 share a task)
-    from trainer.inference.cli import run as evaluate
-    from trainer.inference.data import load_episodes
-    from trainer.inference.load import load_model
+    from trainer.evaluation.cli import run as evaluate
+    from trainer.sampling.load import load_model
+    from trainer.sampling.rundata import load_episodes
 
     data = load_episodes(load_model(str(run), None)[1])
     assert data.prompts is not None and data.names[2] == held
@@ -502,7 +503,7 @@ def test_several_roots_make_one_stream(written, tmp_path):
     assert stream.task_emb is not None and stream.task_emb.shape[0] == 4  # 2 tasks per root, appended
     assert stream.episode_task == [0, 1, 0, 2, 3, 2]
     assert (a / ".latents").is_dir() and (b / ".latents").is_dir()  # one cache per root
-    from trainer.inference.data import load_episodes
+    from trainer.sampling.rundata import load_episodes
 
     data = load_episodes(load_config("furniture_train", True, parse_set(items)))  # bin/evaluate's episodes
     assert data.names == stream.names and data.prompts is not None and len(data.prompts) == 6

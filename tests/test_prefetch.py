@@ -9,9 +9,9 @@ import torch
 
 from tests.test_data import small_cfg
 from trainer.config.perf import prefetch_data
-from trainer.data import build_stream
-from trainer.data import generate as generate_mod
+from trainer.data.formats import generate as generate_mod
 from trainer.data.prefetch import Prefetcher
+from trainer.data.stream import build_stream
 
 pytestmark = pytest.mark.fast
 

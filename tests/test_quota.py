@@ -22,7 +22,7 @@ from tests.support.diskfull import assert_said_once, launch, one_checkpoint
 from tests.support.runs import STEPS, clean_env, finish, seed_preflight, summary
 from trainer.checkpoint.diskspace import OutOfSpace, SpaceReport, find_out_of_space, guard, short_of_room
 from trainer.checkpoint.layout import scan
-from trainer.data import cache as cache_mod
+from trainer.data.cache import store as cache_mod
 
 # --- unit level: EDQUOT is matched wherever ENOSPC is --------------------------------------------------
 
@@ -176,7 +176,7 @@ def test_short_of_room_sees_a_quota_that_statvfs_does_not(quota):
 
 @pytest.mark.heavy
 def test_a_quota_hit_generating_episodes_leaves_no_half_dataset(quota):
-    from trainer.data.generate import generate_dataset
+    from trainer.data.formats.generate import generate_dataset
 
     q = quota(2 << 20)  # one collector-format episode of 20 steps is about 6 MiB
     with pytest.raises(OutOfSpace) as info:

@@ -1,6 +1,6 @@
 """bin/serve end to end (issue 32's "done when"): a checkpoint trained by bin/train in this module, served
 by bin/serve (the bash entry point), driven by a client that speaks the protocol as upstream's clients do
-(trainer/inference/replay.py PolicyClient): two connections through reset -> observation ->
+(trainer/evaluation/replay.py PolicyClient): two connections through reset -> observation ->
 compute_kv_cache -> observation, actions equal ChunkSampler's; bad requests answered with an error while
 the other connection keeps working; the API key, the frame and connection limits; the replay's action
 error equal to bin/evaluate's (and its PNG); SIGTERM -> exit 0, nothing left running.
@@ -31,7 +31,8 @@ import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from tests.support.runs import REPO, TIMEOUT, clean_env, seed_preflight, set_args, tiny
-from trainer.inference.replay import PolicyClient, ServerError, replay_episodes, replay_open_loop
+from trainer.evaluation.replay import replay_episodes, replay_open_loop
+from trainer.serving.client import PolicyClient, ServerError
 
 pytestmark = pytest.mark.heavy
 F, STEPS, N = 2, 2, 4  # N: actions per latent frame = the stand-in's temporal factor (4 key frames each)
@@ -115,8 +116,8 @@ def server(trained):
 
 def _eval_data(trained):
     from trainer.config import apply_overrides, parse_set
-    from trainer.inference.data import load_episodes
-    from trainer.inference.load import checkpoint_config
+    from trainer.sampling.load import checkpoint_config
+    from trainer.sampling.rundata import load_episodes
 
     cfg = checkpoint_config(trained.best)
     apply_overrides(cfg, parse_set(trained.sets), "--set")
@@ -125,10 +126,10 @@ def _eval_data(trained):
 
 def _expected(model, cfg, data, index: int, prompt: str, episode: int, chunks: int) -> list[np.ndarray]:
     """ChunkSampler's actions for episode `index` of the data, as the e-th episode of a session."""
-    from trainer.data.text import make_text_encoder
-    from trainer.inference.evaluate import _seeded
-    from trainer.inference.protocol import action_layout
-    from trainer.inference.sampler import ChunkSampler, to_robot_units
+    from trainer.data.encoding.text import make_text_encoder
+    from trainer.evaluation.openloop import _seeded
+    from trainer.sampling.sampler import ChunkSampler, to_robot_units
+    from trainer.serving.protocol import action_layout
 
     emb, _ = make_text_encoder(cfg).embed(prompt)
     grid = tuple(data.latents[index].shape[1:])
@@ -144,7 +145,7 @@ def _expected(model, cfg, data, index: int, prompt: str, episode: int, chunks: i
 
 
 def _kv(ep, k: int, n: int) -> dict:
-    from trainer.inference.protocol import action_layout
+    from trainer.serving.protocol import action_layout
 
     start = 1 if k == 0 else 0
     state = action_layout(ep.actions[k * F * n : (k + 1) * F * n], F, n)
@@ -157,7 +158,7 @@ def _kv(ep, k: int, n: int) -> dict:
 
 
 def test_two_connections_serve_chunksampler_actions(trained, server):
-    from trainer.inference.load import load_model
+    from trainer.sampling.load import load_model
 
     cfg, data = _eval_data(trained)
     eps = replay_episodes(cfg, data.names[:2])
@@ -292,7 +293,7 @@ def test_refused_without_the_key_and_beyond_the_limits(server):
 
 
 def test_replay_through_the_server_scores_as_bin_evaluate(trained, server, tmp_path):
-    from trainer.inference.cli import held_out
+    from trainer.evaluation.cli import held_out
 
     cfg, data = _eval_data(trained)
     names, _ = held_out(data.names, cfg, None)
@@ -328,9 +329,10 @@ def test_replay_through_the_server_scores_as_bin_evaluate(trained, server, tmp_p
 
 def test_camera_aliases_serve_libero_keys_to_a_furniture_run(trained):
     """bin/serve --camera maps LIBERO's client keys to this run's cameras; upstream's LIBERO loop
-    (tests/support/upstream_clients.py) then runs two chunks; an unmapped key is an error reply naming both
+    (trainer/evaluation/loops.py) then runs two chunks; an unmapped key is an error reply naming both
     sets; bad --camera items exit 2 with one line."""
-    from tests.support.upstream_clients import LIBERO_CAMERAS, LIBERO_SIZE, StandInSim, libero_episode
+    from trainer.evaluation.loops import LIBERO_CAMERAS, LIBERO_SIZE, libero_episode
+    from trainer.evaluation.standin import StandInSim
 
     agent, wrist = LIBERO_CAMERAS
     for bad, said in ((["--camera", "no-equals"], "expected CLIENT_KEY=RUN_CAMERA"),

@@ -1,4 +1,4 @@
-"""bin/serve driven by upstream's own client loops (tests/support/upstream_clients.py: LIBERO's `run_one`,
+"""bin/serve driven by upstream's own client loops (trainer/evaluation/loops.py: LIBERO's `run_one`,
 RoboTwin's `eval_policy`, line by line, on a stand-in simulator) at their benchmarks' geometry, on runs of
 the `libero` and `robotwin` presets trained by bin/train at CPU scale (tests/support/presets_data.py: one
 tiny run per preset per test run, on LeRobot datasets in those layouts).
@@ -26,15 +26,14 @@ import numpy as np
 import pytest
 
 from tests.support.runs import REPO, TIMEOUT, clean_env, set_args
-from tests.support.upstream_clients import (
+from trainer.evaluation.loops import (
     LIBERO_CAMERAS,
     LIBERO_SIZE,
-    RoboTwinSim,
-    StandInSim,
     libero_episode,
     robotwin_episode,
 )
-from trainer.inference.replay import PolicyClient, ServerError
+from trainer.evaluation.standin import RoboTwinSim, StandInSim
+from trainer.serving.client import PolicyClient, ServerError
 
 pytestmark = pytest.mark.heavy
 INFER = ["infer.video_steps=2", "infer.action_steps=2"]

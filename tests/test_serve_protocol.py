@@ -1,4 +1,4 @@
-"""bin/serve's wire format and request checks (trainer/inference/protocol.py), without a server: the
+"""bin/serve's wire format and request checks (trainer/serving/protocol.py), without a server: the
 msgpack-numpy codec in openpi's layout, each kind of bad request named by its field, the action layout
 upstream's clients index, and the DCP load that prints no library warning (issue 30)."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.support.lingbot_tiny import tiny_cfg
-from trainer.inference.protocol import (
+from trainer.serving.protocol import (
     Executed,
     Observe,
     ProtocolError,
@@ -187,8 +187,8 @@ def test_a_dcp_checkpoint_loads_without_a_library_warning(tmp_path):
     load_model silences exactly that one, so bin/evaluate and bin/serve print no library warning."""
     import torch.distributed.checkpoint as dcp
 
-    from trainer.inference.load import load_model
     from trainer.model import WorldModel
+    from trainer.sampling.load import load_model
 
     torch.manual_seed(0)
     model = WorldModel(tiny_cfg()).eval()

@@ -1,4 +1,4 @@
-"""bin/serve's server in one process (trainer/inference/server.py, session.py) on a tiny random model: the
+"""bin/serve's server in one process (trainer/serving/server.py, session.py) on a tiny random model: the
 handshake refuses a wrong key before any session exists, a session answers reset -> observation ->
 compute_kv_cache -> observation with what a Session computes directly, a bad request is answered and the
 connection goes on, a frame over the limit closes the connection (1009), stop() returns 0. The end-to-end
@@ -13,15 +13,15 @@ import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from tests.support.lingbot_tiny import tiny_cfg
-from trainer.data.encoder import PatchMeanEncoder, make_encoder
+from trainer.data.encoding.encoder import PatchMeanEncoder, make_encoder
+from trainer.data.encoding.text import StandInText
 from trainer.data.normalize import QuantileNormalizer
-from trainer.data.text import StandInText
-from trainer.inference.protocol import ProtocolError, Spec
-from trainer.inference.replay import PolicyClient, ServerError
-from trainer.inference.server import Limits, PolicyServer
-from trainer.inference.session import Served, Session
 from trainer.model import WorldModel
 from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
+from trainer.serving.client import PolicyClient, ServerError
+from trainer.serving.protocol import ProtocolError, Spec
+from trainer.serving.server import Limits, PolicyServer
+from trainer.serving.session import Served, Session
 
 pytestmark = pytest.mark.fast
 F, CAMS, KEY = 2, ("front", "wrist"), "abc123"
@@ -131,7 +131,7 @@ def _streaming(layout: str, cams: tuple[str, ...]) -> Served:
     norm = QuantileNormalizer(
         np.linspace(-1, 0, 8).astype(np.float32), np.linspace(1, 2, 8).astype(np.float32)
     )
-    from trainer.data.views import grid
+    from trainer.data.encoding.views import grid
 
     h, w = grid(cfg)
     c = m.latent_channels
@@ -160,7 +160,7 @@ def test_streamed_key_frames_give_the_runs_training_latents(layout, cams):
     """A Session fed as upstream's clients feed it (the observation alone, then t x (F - 1) key frames,
     then t x F per chunk) puts in its cache exactly the latents training's cache holds for the whole video:
     each camera's `encode` (the wrists resized for the T-shape), views.compose'd and standardised."""
-    from trainer.data.views import compose, view_sizes
+    from trainer.data.encoding.views import compose, view_sizes
 
     served = _streaming(layout, cams)
     f, t = served.spec.frames_per_chunk, served.temporal

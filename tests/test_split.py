@@ -14,8 +14,8 @@ from trainer.checkpoint.best import POINTER, BestPin, find_best
 from trainer.checkpoint.checkpointer import prune
 from trainer.checkpoint.layout import MARKER, TRAIN_STATE, scan
 from trainer.config import ConfigError, RunConfig, apply_overrides, check_config
-from trainer.data import generate as generate_mod
-from trainer.data.cache import manifest_split
+from trainer.data.cache.manifest import manifest_split
+from trainer.data.formats import generate as generate_mod
 from trainer.data.split import SplitError, held_out_count, split_episodes
 from trainer.data.stream import BatchStream, build_stream
 from trainer.loop.validate import val_batch

@@ -1,6 +1,6 @@
 """Streamed equals trained (issue 36, point 2): the latents an episode's frames get when they arrive as
 upstream's clients send them (the first observation alone, then four key frames per latent frame, request
-by request) equal the latents data preparation makes from the whole video (trainer/data/encoder.py
+by request) equal the latents data preparation makes from the whole video (trainer/data/encoding/encoder.py
 `encode`: diffusers' AutoencoderKLWan.encode, the first frame alone then groups of four), and equal
 upstream's own streamed algorithm (tests/support/reference_vae_stream.py: all of a request's frames in one
 encoder call with the episode's feature cache). With the tiny random-weight Wan2.2 VAE in fp32, within 1e-5;
@@ -14,8 +14,8 @@ import torch
 
 from tests.support.reference_vae_stream import UpstreamStream, encode_obs
 from tests.support.tiny_wan import make_tiny_vae
-from trainer.data.encoder import PatchMeanEncoder, StreamError, WanVAEEncoder
-from trainer.data.views import compose
+from trainer.data.encoding.encoder import PatchMeanEncoder, StreamError, WanVAEEncoder
+from trainer.data.encoding.views import compose
 
 pytestmark = pytest.mark.fast
 TOL = 1e-5

@@ -144,7 +144,7 @@ def test_throughput_and_mfu_on_cpu():
 def _real_model(tmp: Path, device: torch.device):
     """The project's WorldModel + shard_model + data stream, shrunk so a micro-step takes ~0.1 s."""
     from trainer.config import load_config
-    from trainer.data import build_stream
+    from trainer.data.stream import build_stream
     from trainer.model import WorldModel
     from trainer.model.parallel import set_grad_sync, shard_model
 

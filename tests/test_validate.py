@@ -145,7 +145,7 @@ def _rank_main(rank: int, world: int, init_file: Path, data_dir: Path, out: Path
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     from trainer.config import load_config
-    from trainer.data import build_stream
+    from trainer.data.stream import build_stream
     from trainer.loop.timing import StepBreakdown
     from trainer.loop.validate import evaluate
     from trainer.model import WorldModel

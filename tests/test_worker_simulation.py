@@ -195,7 +195,7 @@ def test_compilers_outside_usr_on_path_are_hidden_too(worker, worker_env, tmp_pa
 
 @pytest.mark.heavy
 def test_lerobot_decoders_load_and_run_without_a_toolchain(worker, worker_env, tmp_path):
-    """PyAV and pyarrow (trainer/data/video.py, lerobot*.py) load their bundled native libraries on a
+    """PyAV and pyarrow (trainer/data/formats/video.py, lerobot*.py) load their bundled native libraries on a
     compiler-less worker: an AV1 (or H.264) clip is encoded and decoded back, a parquet table round-trips.
 
     The table goes through a file path, as the readers do. pyarrow 21.0.0 reading a *Python file object*
@@ -247,7 +247,7 @@ def test_serve_codec_and_plots_load_without_a_toolchain(worker, worker_env, tmp_
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt, msgpack, numpy as np, websockets
         from msgpack import _cmsgpack  # the C extension, not the pure-Python fallback
-        from trainer.inference.protocol import pack, unpack
+        from trainer.serving.protocol import pack, unpack
         assert shutil.which("gcc") is None and shutil.which("cc") is None
         frame = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)
         back = unpack(pack({"obs": {"cam": frame}}))["obs"]["cam"]

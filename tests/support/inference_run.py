@@ -10,8 +10,8 @@ import torch
 
 from trainer.config import InferConfig
 from trainer.data.normalize import QuantileNormalizer
-from trainer.inference.sampler import ChunkSampler, to_robot_units
 from trainer.recipe.batch import ACTION_SLOTS
+from trainer.sampling.sampler import ChunkSampler, to_robot_units
 
 
 def run_case(model, meta: dict, tensors: dict, name: str, kv_cache: bool = True) -> dict[str, torch.Tensor]:

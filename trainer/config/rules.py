@@ -27,7 +27,8 @@ from trainer.config.schema import ConfigError, RunConfig
 
 # Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
 DATASETS = ("furniture_train", "libero", "robotwin")
-# FurnitureBench's camera views (trainer/data/furniturebench.py CAMERAS must equal this; a test checks).
+# FurnitureBench's camera views (trainer/data/formats/furniturebench.py CAMERAS must equal this; a test
+# checks).
 CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
 ATTENTION = ("auto", "flex", "sdpa")
 ENCODERS = ("patch_mean", "wan_vae")
@@ -182,7 +183,9 @@ RULES: dict[str, Rule | Free] = {
     "data.generate_if_missing": BOOL,
     "data.generated_episodes": POSITIVE,
     "data.generated_length": POSITIVE,
-    "data.task": Free("a furniture name: judged against the episodes found (trainer/data/discovery.py)"),
+    "data.task": Free(
+        "a furniture name: judged against the episodes found (trainer/data/formats/discovery.py)"
+    ),
     "data.cameras": Rule(
         "1-3 distinct names: of "
         + ", ".join(CAMERA_NAMES)
@@ -202,7 +205,7 @@ RULES: dict[str, Rule | Free] = {
     "data.actions_per_video_frame": POSITIVE,
     "data.layout": Rule(
         "side_by_side, or tshape (3 cameras; the per-view latent height and width even, and 3/2 x the "
-        "height a multiple of model.patch; trainer/data/views.py)",
+        "height a multiple of model.patch; trainer/data/encoding/views.py)",
         lambda v, c: v == "side_by_side" or (v == "tshape" and _tshape_ok(c)),
         "nope",
     ),
@@ -289,7 +292,7 @@ RULES: dict[str, Rule | Free] = {
         lambda v, c: v * 0.9 > max(c.hang.floor_s, c.hang.start_s, c.hang.phase_s),
         "60",
     ),
-    # infer (trainer/inference/: the reference's sampling settings)
+    # infer (trainer/sampling/: the reference's sampling settings)
     "infer.frames_per_chunk": POSITIVE,
     "infer.window": Rule(">= 2 (the KV cache keeps window // 2 chunks)", lambda v, c: v >= 2, "1"),
     "infer.video_steps": POSITIVE,

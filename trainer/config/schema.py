@@ -76,7 +76,7 @@ class RecipeConfig:
 class DataConfig:
     dataset: str = "furniture_train"
     # a collector data_path (<YYYY-mm-dd-HH:MM:SS>/<same>.pkl), a parent with one folder per furniture, or a
-    # flat folder of *.pkl (trainer/data/discovery.py); relative paths are relative to the repo root
+    # flat folder of *.pkl (trainer/data/formats/discovery.py); relative paths are relative to the repo root
     path: str = "data/furniture_train"
     generate_if_missing: bool = True  # write deterministic FurnitureBench-format episodes if absent
     generated_episodes: int = 32
@@ -96,7 +96,7 @@ class DataConfig:
     # robot actions per video frame: the episode's rows are its actions; its video frames are every
     # actions_per_video_frame-th row (RoboTwin: 4, upstream's frame_stride; FurnitureBench, LIBERO: 1)
     actions_per_video_frame: int = 1
-    # how the cameras' latents make one grid (trainer/data/views.py): side_by_side (every view at
+    # how the cameras' latents make one grid (trainer/data/encoding/views.py): side_by_side (every view at
     # latent_size, along the width, in data.cameras order) | tshape (RoboTwin: data.cameras[0] at full size
     # below the others at half size side by side; upstream env_type robotwin_tshape)
     layout: str = "side_by_side"
@@ -166,7 +166,7 @@ class CheckpointConfig:
 
 @dataclass
 class InferConfig:
-    """Action inference (trainer/inference/), as the reference's server runs it; defaults = upstream
+    """Action inference (trainer/sampling/), as the reference's server runs it; defaults = upstream
     58c2ae5's wan_va/configs/va_franka_cfg.py (one arm + gripper, the setting closest to FurnitureBench)."""
 
     frames_per_chunk: int = 4  # frame_chunk_size: latent frames generated per chunk

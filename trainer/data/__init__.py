@@ -1,33 +1,12 @@
-"""Data path: FurnitureBench .pkl episodes -> latents (cached) -> deterministic micro-batches.
+"""Data path: dataset files -> latents (cached) -> deterministic micro-batches.
 
-The names below are imported on first use (PEP 562): the launcher reads episode lists and formats from
-the submodules (sources, location, multiroot, lerobot) without importing torch, which only the stream
-(stream.py, encoder.py) needs.
+    formats/    where a dataset format is added: FurnitureBench .pkl, LeRobot v2.x/v3.0, the reference's
+                latent layout, which one a data.path holds (no torch)
+    encoding/   frames and prompts -> latents and embeddings; the cameras' latent grid (views.py)
+    cache/      the latent cache, its preparation and its lock
+    stream.py   the training batch stream (prefetch.py: its background thread); split.py the held-out
+                episodes; short.py episodes too short for a clip; normalize.py; poses.py relative poses
+
+This package imports nothing: import the module that owns a name (`from trainer.data.stream import
+build_stream`), so that reading one small rule (encoding/views.py) never runs the stream's imports.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from trainer.data.furniturebench import DatasetError
-    from trainer.data.stream import BATCH_KEYS, BatchStream, build_stream
-
-_HOME = {
-    "BATCH_KEYS": "trainer.data.stream",
-    "BatchStream": "trainer.data.stream",
-    "build_stream": "trainer.data.stream",
-    "DatasetError": "trainer.data.furniturebench",
-}
-
-__all__ = ["BATCH_KEYS", "BatchStream", "DatasetError", "build_stream"]
-
-
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'trainer.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainer.data.furniturebench import DatasetError
+from trainer.data.formats.furniturebench import DatasetError
 
 POSE_WIDTH = 7  # x y z qx qy qz qw
 

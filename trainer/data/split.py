@@ -23,7 +23,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
-from trainer.data.furniturebench import DatasetError
+from trainer.data.formats.furniturebench import DatasetError
 
 SALT = "lingbot-val-split-v1:"  # part of the rule: changing it changes every run's held-out set
 RULE = "sha256('lingbot-val-split-v1:' + episode path); the k lowest are held out"

@@ -5,10 +5,10 @@
     stream.data_summary                          # DatasetSummary: found/used/skipped, stand-ins
 
 build_stream: generate a dataset if data.path is empty and allowed (ensure_dataset), make sure the latent
-cache is complete and current (trainer/data/prepare.py ensure_cache: rank 0 prepares a missing one, the
+cache is complete and current (trainer/data/cache/prepare.py ensure_cache: rank 0 prepares a missing one, the
 others wait; a stale one is refused naming what differs), then load it.
 
-Clips follow the encoder's time layout (trainer/data/encoder.py). Rows are actions (row r leads from
+Clips follow the encoder's time layout (trainer/data/encoding/encoder.py). Rows are actions (row r leads from
 observation r to r+1); video frames are rows 0, a, 2a, ... (a = data.actions_per_video_frame, only those
 encoded). Latent frame 0 is row 0 alone; frame k >= 1 covers video frames (k-1)t+1 .. kt (t: the encoder's
 temporal factor). Its N = t a = data.actions_per_frame actions lead into it: rows (k-1)N .. kN-1, every row
@@ -38,15 +38,15 @@ from typing import cast
 import numpy as np
 import torch
 
-from trainer.data import views
-from trainer.data.cache import cache_dir
-from trainer.data.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
-from trainer.data.furniturebench import DatasetError
-from trainer.data.location import resolve_data_path
+from trainer.data.cache.location import resolve_data_path
+from trainer.data.cache.store import cache_dir
+from trainer.data.encoding import views
+from trainer.data.formats.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
+from trainer.data.formats.furniturebench import DatasetError
+from trainer.data.formats.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.normalize import QuantileNormalizer, dataset_normalizer
 from trainer.data.poses import check_normalize, episode_actions
 from trainer.data.short import short_episodes, split_with_short
-from trainer.data.sources import discover_source, ensure_dataset, missing_episodes
 from trainer.data.split import SplitError
 from trainer.model.masks import SequenceShape, sequence_shape
 from trainer.recipe.batch import ACTION_SLOTS, CleanBatch
@@ -321,7 +321,7 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
     for note, n in notes.items():
         log(f"data: {n} episode(s): {note}")
     if summary.stand_ins:
-        from trainer.data.prepare import announce
+        from trainer.data.cache.prepare import announce
 
         announce(log, summary.stand_ins)
     return latents, actions, text, summary, names
@@ -329,8 +329,8 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
 
 def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
-    from trainer.data.multiroot import data_roots
-    from trainer.data.prepare import data_root, ensure_cache
+    from trainer.data.cache.prepare import data_root, ensure_cache
+    from trainer.data.formats.multiroot import data_roots
 
     log = _log(rank)
     if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
@@ -374,8 +374,8 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
 
 
 def _several_roots(cfg, rank: int, world_size: int, log) -> BatchStream:
-    from trainer.data.multiroot import combine, data_roots, for_root
-    from trainer.data.prepare import announce, ensure_cache
+    from trainer.data.cache.prepare import announce, ensure_cache
+    from trainer.data.formats.multiroot import combine, data_roots, for_root
 
     parts = []
     for root in data_roots(cfg):

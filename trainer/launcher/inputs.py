@@ -3,8 +3,9 @@
 Values judgeable without them are trainer/config/rules.py's (exit 2, before this). Here, without reading
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
-  as the ranks' trainer/data/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's meta/,
-  cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and videos;
+  as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's
+  meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
+  videos;
 - weights: model.pretrained's files hold exactly the tensors, by name and shape, of the model its
   config.json describes (safetensors headers against the model built on the meta device; the same
   check_layout the ranks' strict load runs).
@@ -24,7 +25,7 @@ def inputs_check(cfg: RunConfig) -> list[str]:
 
 
 def _data_note(cfg: RunConfig) -> str:
-    from trainer.data.multiroot import data_roots, for_root
+    from trainer.data.formats.multiroot import data_roots, for_root
 
     roots = data_roots(cfg)
     if len(roots) > 1:
@@ -33,8 +34,8 @@ def _data_note(cfg: RunConfig) -> str:
 
 
 def _root_note(cfg: RunConfig) -> str:
-    from trainer.data.location import resolve_data_path
-    from trainer.data.sources import LEROBOT, data_format, discover_source, missing_episodes
+    from trainer.data.cache.location import resolve_data_path
+    from trainer.data.formats.sources import LEROBOT, data_format, discover_source, missing_episodes
 
     root = resolve_data_path(cfg)
     if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():
@@ -51,8 +52,8 @@ def _root_note(cfg: RunConfig) -> str:
 def _lerobot_note(cfg: RunConfig, root) -> str:
     """A LeRobot dataset: meta/ readable, cameras and action columns in info.json, codecs decodable, every
     listed episode's parquet (and, unless data.upstream_latents=read, videos) present."""
-    from trainer.data import lerobot
-    from trainer.data.furniturebench import DatasetError
+    from trainer.data.formats import lerobot
+    from trainer.data.formats.furniturebench import DatasetError
 
     try:
         ds = lerobot.load(root)

@@ -61,8 +61,8 @@ from trainer.checkpoint.diskspace import find_out_of_space, guard
 from trainer.checkpoint.size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.config.perf import ac_plan, adamw_impl, compile_blocks, prefetch_data
-from trainer.data import build_stream
 from trainer.data.prefetch import Prefetcher
+from trainer.data.stream import build_stream
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.loop.metrics import Metrics
 from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.data.encoding import views
+
 NOISY = 0
 CLEAN = 1
 PAD = -1
@@ -151,22 +153,12 @@ def mask_density(shape: SequenceShape, batch_size: int, frames_per_chunk: int, w
     return float(allowed.sum()) / layout.length
 
 
-def latent_grid(cfg) -> tuple[int, int]:
-    """(H, W) of one composed latent frame: trainer/data/views.py grid(cfg), restated here because
-    trainer.data's package imports this module (importing views from here would be a cycle);
-    tests/test_data_rates.py holds the two equal. side_by_side: (h, w x views); tshape: (3h/2, w)."""
-    h = int(cfg.model.latent_size)
-    w = int(getattr(cfg.model, "latent_width", 0) or h)
-    if str(getattr(cfg.data, "layout", "side_by_side")) == "tshape":
-        return h + h // 2, w
-    return h, w * len(cfg.data.cameras)
-
-
 def sequence_shape(cfg) -> SequenceShape:
     """The run's per-sample shape: each camera view is encoded separately and the views composed into
-    one grid (latent_grid: data.layout), so a latent frame holds (H / patch) x (W / patch) tokens (2 square
-    views side by side at the cluster config: 2,176 real tokens per group, 4,224 per micro-batch)."""
-    hh, ww = latent_grid(cfg)
+    one grid (trainer/data/encoding/views.py grid: data.layout), so a latent frame holds (H / patch) x
+    (W / patch) tokens (2 square views side by side at the cluster config: 2,176 real tokens per group,
+    4,224 per micro-batch)."""
+    hh, ww = views.grid(cfg)
     return SequenceShape(
         frames=cfg.data.frames,
         tokens_per_frame=(hh // cfg.model.patch) * (ww // cfg.model.patch),

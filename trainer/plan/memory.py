@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data import views
+from trainer.data.encoding import views
 
 TRACE_DEPTHS = (2, 3)
 CATEGORIES = {  # FSDPMemTracker's reference types -> the plan's names
@@ -114,7 +114,7 @@ class FlexMemoryBackend:
 
 def synthetic_micro_batch(cfg, seed: int = 0) -> dict:
     """A micro-batch of the shapes the stream produces for cfg (random latents on the composed grid,
-    trainer/data/views.py grid; the recipe's draws)."""
+    trainer/data/encoding/views.py grid; the recipe's draws)."""
     from trainer.recipe.batch import CleanBatch
     from trainer.recipe.draws import EmptyText, draw_micro_batch
 

@@ -1,0 +1,170 @@
+"""bin/evaluate: open-loop evaluation of a checkpoint on held-out demonstrations (trainer/evaluation/).
+
+    bin/evaluate TARGET [--episodes NAME,NAME|all] [--config NAME] [--cpu-scale|--full-scale]
+                        [--set infer.video_steps=2 ...] [--seed N] [--device auto|cpu|cuda]
+                        [--plots-dir DIR] [--json]
+
+TARGET: a RUN_DIR (its newest complete checkpoint), a checkpoint directory, or a reference-layout folder
+(the released lingbot-va-base, or a checkpoint's transformer/ export) evaluated with --config's data
+(trainer/sampling/load.py). The episodes are the run's held-out split (trainer/data/split.py
+`split_episodes(names, data.val_episodes)`); without that module, or with `--episodes all`, every usable
+episode is evaluated and a banner says that training episodes are included. The model runs unsharded on
+one process (fp32 on CPU, bf16 on a GPU). --set overrides apply to the evaluated config (infer.* chooses
+the sampler: steps, shifts, guidance, chunk size, cache).
+
+Per evaluated episode, one PNG of predicted vs recorded actions per channel, chunk starts marked
+(trainer/evaluation/plots.py), under --plots-dir (default RUN_DIR/evaluation/<checkpoint>); each is named
+in a line `evaluate: plot <episode>: <path>` and in the JSON result's `plots` {episode: path}.
+
+Exit codes (trainer/attempt.py): 0 done; 2 bad command line, TARGET or config (one line naming the file);
+1 the evaluation itself failed. --json / --json-file: one JSON object, the result (provision/jsonout.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import click
+
+from provision.jsonout import JsonRequest, outcome, run_click
+from trainer.attempt import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr if JsonRequest.from_argv(sys.argv[1:]).stdout else sys.stdout, flush=True)
+
+
+def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], str]:
+    """The episode names to evaluate and the banner that says how they were chosen."""
+    if requested and requested != "all":
+        wanted = [n.strip() for n in requested.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            raise click.BadParameter(f"unknown episode(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        return wanted, f"evaluate: {len(wanted)} episode(s) named by --episodes"
+    if requested == "all":
+        return names, f"evaluate: ALL {len(names)} episodes (--episodes all): training episodes included"
+    from trainer.data.split import split_episodes
+
+    val = cfg.data.val_episodes
+    _, held = split_episodes(names, val)
+    if not held:
+        return names, (
+            f"evaluate: data.val_episodes={val} holds nothing out: ALL {len(names)} episodes, "
+            "training episodes included"
+        )
+    return list(held), f"evaluate: {len(held)} held-out episode(s) of {len(names)} (data.val_episodes={val})"
+
+
+def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None) -> dict:
+    import torch
+
+    from trainer.config import check_config, load_config, parse_set
+    from trainer.evaluation.openloop import channel_names, evaluate_open_loop
+    from trainer.sampling.load import load_model, pick_device
+    from trainer.sampling.rundata import load_episodes, make_sampler
+
+    base = load_config(config, cpu_scale, parse_set(list(sets)))
+    model, cfg, what = load_model(target, base)
+    if sets:
+        from trainer.config import apply_overrides
+
+        apply_overrides(cfg, parse_set(list(sets)), "--set")
+        check_config(cfg)
+    _say(f"evaluate: {what}")
+    dev = pick_device(device)
+    model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
+    data = load_episodes(cfg)
+    chosen, banner = held_out(data.names, cfg, episodes)
+    _say(banner)
+    sampler = make_sampler(model, cfg, data)
+    start = time.perf_counter()
+    traces: dict = {}
+    result = evaluate_open_loop(
+        sampler, data.select(chosen), data.slots, data.normalizer, seed=seed, traces=traces
+    )
+    result.update(target=what, infer=cfg.to_dict()["infer"], seed=seed, seconds=time.perf_counter() - start)
+    result["plots"] = write_plots(traces, plots_dir or default_plots_dir(target), channel_names(data.slots))
+    o = result["overall"]
+    _say(
+        f"evaluate: {result['episodes']} episode(s), {o['chunks']} chunks, {o['frames']} predicted frames: "
+        f"action MAE {o['action_mae_norm']:.4f} (normalised), latent MSE {o['latent_mse']:.4f}"
+    )
+    for group, v in o.get("groups", {}).items():
+        _say(f"evaluate:   {group:<9} MAE {v['mae_norm']:.4f} normalised, {v['mae_robot']:.5f} robot units")
+    for name, path in result["plots"].items():
+        _say(f"evaluate: plot {name}: {path}")
+    return result
+
+
+def default_plots_dir(target: str) -> Path:
+    """RUN_DIR/evaluation/<checkpoint> for a run or checkpoint; ./evaluation/<folder> otherwise."""
+    from trainer.sampling.load import resolve_target
+
+    kind, path = resolve_target(target)
+    if kind == "checkpoint":
+        return path.resolve().parent.parent / "evaluation" / path.resolve().name
+    return Path("evaluation") / Path(target).resolve().name
+
+
+def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
+    """One PNG per episode (trainer/evaluation/plots.py); {episode: path}."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # e.g. the provisioned env, until it carries it
+        _say("evaluate: no plots: matplotlib is not installed in this Python (pyproject.toml pins it)")
+        return {}
+    from trainer.evaluation.plots import plot_episode
+
+    return {name: str(plot_episode(Path(directory), name, trace, channels)) for name, trace in traces.items()}
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target")
+@click.option("--episodes", default=None, help="comma-separated episode names, or 'all' (default: held out)")
+@click.option(
+    "--config", default="furniture_train", show_default=True, help="run config for a released folder"
+)
+@click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
+@click.option("--set", "sets", multiple=True, help="key=value override, e.g. infer.video_steps=2")
+@click.option("--seed", default=0, show_default=True, help="noise seed (per episode and chunk)")
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
+@click.option(
+    "--plots-dir",
+    default=None,
+    help="where the per-episode PNGs go (default: RUN_DIR/evaluation/<checkpoint>, else ./evaluation/<name>)",
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
+@click.option("--json-file", default=None, help="the JSON object written to this file")
+def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_json, json_file) -> None:
+    """Open-loop evaluation of TARGET on held-out demonstrations."""
+    import torch
+
+    from trainer.config import ConfigError
+    from trainer.data.formats.furniturebench import DatasetError
+    from trainer.sampling.load import TargetError
+
+    request = JsonRequest.from_argv(sys.argv[1:])
+    request.capture_stdout()
+    scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
+    try:
+        result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
+    except (TargetError, ConfigError, DatasetError, click.BadParameter) as exc:
+        message = exc.format_message() if isinstance(exc, click.BadParameter) else str(exc)
+        print(f"evaluate: {message}", file=sys.stderr)
+        request.emit(outcome(EXIT_USAGE, error=message))
+        sys.exit(EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001 - one line on the terminal; the traceback under it for the log
+        traceback.print_exc(file=sys.stderr)
+        print(f"evaluate: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        request.emit(outcome(EXIT_FAILED, error=f"{type(exc).__name__}: {exc}"))
+        sys.exit(EXIT_FAILED)
+    request.emit(outcome(EXIT_OK, result))
+    sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    run_click(main, "bin/evaluate")

@@ -1,0 +1,199 @@
+"""bin/serve's websocket server: upstream's policy protocol (protocol.py) over `websockets`, one Session per
+connection (session.py), the model's requests one at a time.
+
+    server = PolicyServer(served, Limits(...), say)
+    exit_code = asyncio.run(server.run(host, port))   # until SIGINT / SIGTERM, then 0
+
+Per connection (websockets' asyncio server, openpi's settings: no compression, no pings): the metadata
+map on connect, then one reply per request frame: a msgpack map with `server_timing` {infer_ms, queue_ms,
+prev_total_ms (from the second request on)}, as upstream's server adds it, or a text frame naming what was
+wrong (ProtocolError: the field and what was expected; a failure of the model: its type and message), and
+the connection stays open. Every request is one log line (connection, kind, milliseconds); a refused one
+too.
+
+One model, one request at a time: every model call (encoding, sampling, the cache update) runs on one
+worker thread (a ThreadPoolExecutor of one), so requests of different connections queue (their wait is
+`queue_ms`) and the event loop keeps accepting, refusing and health-checking meanwhile.
+
+Before a connection gets anything (`process_request`, during the handshake):
+    GET /healthz                    200 "OK" (openpi's health check; no key needed, it reveals nothing)
+    --api-key-file                  401 unless the header is `Authorization: Api-Key <key>` (what
+                                    upstream's WebsocketClientPolicy sends when given api_key)
+    --max-connections               503 with the reason when that many are open
+A frame over --max-frame-bytes closes that connection with 1009 (message too big) and the reason, before
+it is read into memory. SIGINT or SIGTERM: stop accepting, close the connections (1001 going away), let
+the request on the worker finish, return 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import itertools
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from websockets.asyncio.server import Request, Response, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from trainer.serving.protocol import Executed, Observe, ProtocolError, Reset, decode_request, metadata, pack
+from trainer.serving.protocol import Request as Message
+from trainer.serving.session import Served, Session
+
+
+@dataclass(frozen=True)
+class Limits:
+    api_key: str | None = None
+    max_connections: int = 4
+    max_frame_bytes: int = 32 * 2**20
+
+
+class PolicyServer:
+    def __init__(self, served: Served, limits: Limits, say: Callable[[str], None]):
+        self.served, self.limits, self.say = served, limits, say
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-model")
+        self.open = 0
+        self.ids = itertools.count(1)
+        self.port = 0
+
+    # -- the handshake -------------------------------------------------------------------------------
+    def _authorised(self, request: Request) -> bool:
+        if self.limits.api_key is None:
+            return True
+        got = request.headers.get("Authorization", "")
+        return hmac.compare_digest(got.encode(), f"Api-Key {self.limits.api_key}".encode())
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        peer = _peer(connection)
+        if not self._authorised(request):
+            self.say(f"serve: refused {peer}: missing or wrong Authorization: Api-Key header")
+            return connection.respond(
+                http.HTTPStatus.UNAUTHORIZED,
+                "refused: missing or wrong 'Authorization: Api-Key <key>' header (--api-key-file)\n",
+            )
+        if self.open >= self.limits.max_connections:
+            reason = f"refused: {self.open} connections open, the limit (bin/serve --max-connections)"
+            self.say(f"serve: {reason} ({peer})")
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, reason + "\n")
+        return None
+
+    # -- one connection ------------------------------------------------------------------------------
+    async def handler(self, ws: ServerConnection) -> None:
+        if self.open >= self.limits.max_connections:  # two handshakes raced past process_request
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "too many connections (bin/serve --max-connections)")
+            return
+        self.open += 1
+        cid = next(self.ids)
+        self.say(f"serve: connection {cid} from {_peer(ws)} opened ({self.open} open)")
+        session = Session(self.served)
+        try:
+            await ws.send(pack(metadata(self.served.spec, {"max_frame_bytes": self.limits.max_frame_bytes})))
+            await self._requests(ws, cid, session)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.open -= 1
+            why = (
+                f"{ws.close_code} {ws.close_reason or ''}".strip() if ws.close_code is not None else "dropped"
+            )
+            self.say(f"serve: connection {cid} closed ({why}); {self.open} open")
+
+    async def _requests(self, ws: ServerConnection, cid: int, session: Session) -> None:
+        loop = asyncio.get_running_loop()
+        prev_total: float | None = None
+        async for raw in ws:
+            start = time.perf_counter()
+            try:
+                request = decode_request(raw, self.served.spec)
+                reply, kind, infer_s = await loop.run_in_executor(self.worker, _run, session, request)
+            except ProtocolError as exc:
+                self.say(f"serve: connection {cid}: bad request: {exc}")
+                await ws.send(f"bad request: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - the model failed on this request; the server goes on
+                self.say(f"serve: connection {cid}: failed: {type(exc).__name__}: {exc}")
+                self.say(traceback.format_exc().rstrip())
+                await ws.send(f"server error: {type(exc).__name__}: {exc}")
+                continue
+            total = time.perf_counter() - start
+            timing = {"infer_ms": infer_s * 1000, "queue_ms": (total - infer_s) * 1000}
+            if prev_total is not None:
+                timing["prev_total_ms"] = prev_total * 1000
+            reply["server_timing"] = timing
+            await ws.send(pack(reply))
+            prev_total = time.perf_counter() - start
+            self.say(
+                f"serve: connection {cid}: {kind} {infer_s * 1000:.1f} ms "
+                f"(queued {timing['queue_ms']:.1f} ms)"
+            )
+
+    # -- the process ---------------------------------------------------------------------------------
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop as SIGTERM does, from any thread (a server run off the main thread: the benchmark)."""
+        loop, on_signal = self._stop
+        loop.call_soon_threadsafe(on_signal, int(sig))
+
+    async def run(
+        self, host: str, port: int, ready: Callable[[int], None] | None = None, signals: bool = True
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        stop: asyncio.Future[int] = loop.create_future()
+
+        def on_signal(sig: int) -> None:
+            if not stop.done():
+                stop.set_result(sig)
+
+        self._stop = (loop, on_signal)
+
+        for each in (signal.SIGINT, signal.SIGTERM) if signals else ():
+            loop.add_signal_handler(each, on_signal, int(each))
+        async with serve(
+            self.handler,
+            host,
+            port,
+            process_request=self.process_request,
+            max_size=self.limits.max_frame_bytes,
+            compression=None,
+            ping_interval=None,
+            ping_timeout=None,
+        ) as server:
+            self.port = int(next(iter(server.sockets)).getsockname()[1])
+            if ready is not None:
+                ready(self.port)
+            sig = await stop
+            self.say(f"serve: {signal.Signals(sig).name}: stopping (closing {self.open} connection(s))")
+            server.close()
+            await server.wait_closed()
+        await loop.run_in_executor(None, self.worker.shutdown, True)
+        self.say("serve: stopped")
+        return 0
+
+
+def _run(session: Session, request: Message) -> tuple[dict, str, float]:
+    """On the worker thread: one request -> (reply map, its kind, seconds it took)."""
+    start = time.perf_counter()
+    reply: dict
+    if isinstance(request, Reset):
+        session.reset(request.prompt)
+        reply, kind = {}, "reset"
+    elif isinstance(request, Executed):
+        session.executed(request.frames, request.state)
+        reply, kind = {}, f"compute_kv_cache ({len(request.frames)} frames)"
+    else:
+        assert isinstance(request, Observe)
+        chunk = session.chunk
+        reply, kind = {"action": session.observe(request.frame)}, f"chunk {chunk}"
+    return reply, kind, time.perf_counter() - start
+
+
+def _peer(connection: ServerConnection) -> str:
+    address = connection.remote_address
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)
