@@ -87,7 +87,10 @@ class LiberoSim:
         self.frames: list[dict] = []
         self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
         self.step_s = self.render_s = self.reset_s = 0.0
-        sim = env.env.sim
+
+    def _time_renders(self) -> None:
+        """robosuite renders each camera through sim.render inside env.step (reset makes a new sim)."""
+        sim = self.env.env.sim
         render = sim.render
 
         def timed_render(*args, **kwargs):
@@ -97,11 +100,12 @@ class LiberoSim:
             finally:
                 self.render_s += time.perf_counter() - start
 
-        sim.render = timed_render  # robosuite renders each camera through sim.render inside env.step
+        sim.render = timed_render
 
     def reset(self) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         self.env.reset()
+        self._time_renders()
         self.env.set_init_state(self.init_state)
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
