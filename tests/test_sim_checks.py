@@ -166,3 +166,26 @@ def test_the_sim_locks_hold_every_pin_with_hashes(name):
 def test_the_committed_manifests_are_upstreams_counts():
     counts = {m: len(assets.read_manifest(SPEC / m)) for m in assets.MANIFESTS}
     assert counts == {"assets-8f1084e.txt": 585, "bddl-8f1084e.txt": 135, "init-8f1084e.txt": 250}
+
+
+BLOCKING_WORKER = """
+import json, sys
+first = json.loads(sys.stdin.readline())
+print(json.dumps({**first, "success": False}), flush=True)
+sys.stdin.readline()  # the second job: never answered (a long episode)
+sys.stdin.read()      # held here until the pool ends it
+"""
+
+
+def test_stop_ends_the_workers_and_records_no_error_for_their_episodes(tmp_path):
+    """Ctrl-C (the command calls stop()): what finished is kept, the running episode is neither a result
+    nor an error, the workers are gone."""
+    script = tmp_path / "worker.py"
+    script.write_text(BLOCKING_WORKER)
+    pool = Pool([sys.executable, str(script)], {}, workers=1, logs=tmp_path / "logs")
+    got = []
+    for record in pool.run([(0, 0), (0, 1), (0, 2)]):
+        got.append(record)
+        pool.stop()
+    assert got == [{"task": 0, "episode": 0, "success": False}]
+    assert all(p.poll() is not None for p in pool.procs.values())
