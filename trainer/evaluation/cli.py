@@ -119,6 +119,7 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         raise UsageError(
             f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
         ) from None
+    out = out or str(default_plots_dir(target) / "libero" / suite)
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
                    device, out)  # fmt: skip
     return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))
