@@ -177,7 +177,7 @@ def cuda_driver_version() -> int | None:
     return version.value
 
 
-_GPU_KINDS = ("gb200", "b200", "b100", "h200", "h100", "a100")
+_GPU_KINDS = ("gb200", "gh200", "b200", "b100", "h200", "h100", "a100")
 
 
 def gpu_kind(text: str) -> str | None:
