@@ -39,9 +39,9 @@ def runner(platform: str, binfmt_dir: Path | None = None) -> str | None:
         if entry.name in ("register", "status"):
             continue
         try:
-            fields = dict(
-                line.split(" ", 1) if " " in line else (line, "") for line in entry.read_text().splitlines()
-            )
+            fields = {
+                line.partition(" ")[0]: line.partition(" ")[2] for line in entry.read_text().splitlines()
+            }
         except OSError:
             continue
         magic = fields.get("magic", "")
