@@ -43,3 +43,25 @@ def test_sysroot_glibc_of_an_aarch64_env(tmp_path):
     record = {"name": "sysroot_linux-aarch64", "version": "2.17", "build": "h5b4a56d_16"}
     (prefix / "conda-meta" / "sysroot_linux-aarch64-2.17-h5b4a56d_16.json").write_text(json.dumps(record))
     assert nodeinfo.sysroot_glibc(prefix) == "2.17"
+
+
+@pytest.mark.fast
+def test_simulated_aarch64_worker_refuses_an_env_that_is_not_aarch64(tmp_path):
+    import subprocess
+    import sys
+
+    from provision.lock import current_platform
+
+    if current_platform() != "linux-64":
+        pytest.skip(f"emulating aarch64 is for x86 hosts (this is {current_platform()})")
+    prefix = tmp_path / "x86-env"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(sys.executable)  # an x86-64 program
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision.check", "--simulate-worker", "--platform", "linux-aarch64",
+         "--prefix", str(prefix)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "is not an aarch64 program (ELF machine 3e00)" in proc.stderr
+    assert f"bin/provision lingbot-b200 --platform linux-aarch64 --prefix {prefix}" in proc.stderr

@@ -28,6 +28,18 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
 
     prefix = Path(os.path.realpath(resolve_prefix(name=params["env_name"], prefix=params["prefix"])))
     python = prefix / "bin" / "python"
+    try:
+        machine = Path(os.path.realpath(python)).read_bytes()[18:20].hex()
+    except OSError:
+        machine = ""
+    if machine != "b700":
+        click.echo(
+            f"envcheck: --simulate-worker --platform linux-aarch64: {python} is not an aarch64 program "
+            f"({'missing' if not machine else 'ELF machine ' + machine}); provision the aarch64 env first: "
+            f"bin/provision lingbot-b200 --platform linux-aarch64 --prefix {prefix}",
+            err=True,
+        )
+        return 2
     cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
     try:
         qemu, root = emulation.qemu_root(cache / "emulation"), emulation.arm64_root(cache / "emulation")
