@@ -22,7 +22,10 @@ import sys
 from typing import Any
 
 COMMIT = "58c2ae5bac46bd8114065bea9d7d256eb67c16c3"
-VAE_SPATIAL, VAE_TEMPORAL = 16, 4  # the Wan2.2 VAE's factors (its config.json: scale_factor_spatial/_temporal)
+VAE_SPATIAL, VAE_TEMPORAL = (
+    16,
+    4,
+)  # the Wan2.2 VAE's factors (its config.json: scale_factor_spatial/_temporal)
 CONFIGS = "wan_va/configs/"
 
 
@@ -92,53 +95,112 @@ def preset_values(checkout: str, bench: str) -> dict[str, dict[str, Any]]:
         out[key] = _entry(derive(raw) if derive else raw, CONFIGS + file, line, name, how)
 
     for key, name in {
-        "model.action_dim": "action_dim", "data.actions_per_frame": "action_per_frame",
-        "data.cameras": "obs_cam_keys", "data.action_slots": "used_action_channel_ids",
-        "infer.frames_per_chunk": "frame_chunk_size", "infer.window": "attn_window",
-        "infer.video_steps": "num_inference_steps", "infer.action_steps": "action_num_inference_steps",
-        "infer.video_shift": "snr_shift", "infer.action_shift": "action_snr_shift",
-        "infer.guidance": "guidance_scale", "infer.action_guidance": "action_guidance_scale",
-        "infer.video_exec_step": "video_exec_step", "recipe.video_shift": "snr_shift",
+        "model.action_dim": "action_dim",
+        "data.actions_per_frame": "action_per_frame",
+        "data.cameras": "obs_cam_keys",
+        "data.action_slots": "used_action_channel_ids",
+        "infer.frames_per_chunk": "frame_chunk_size",
+        "infer.window": "attn_window",
+        "infer.video_steps": "num_inference_steps",
+        "infer.action_steps": "action_num_inference_steps",
+        "infer.video_shift": "snr_shift",
+        "infer.action_shift": "action_snr_shift",
+        "infer.guidance": "guidance_scale",
+        "infer.action_guidance": "action_guidance_scale",
+        "infer.video_exec_step": "video_exec_step",
+        "recipe.video_shift": "snr_shift",
         "recipe.action_shift": "action_snr_shift",
-    }.items():  # fmt: skip
+    }.items():
         put(key, cfg, cfg_file, name)
     put("model.action_used", cfg, cfg_file, "used_action_channel_ids", len, "len(used_action_channel_ids)")
-    h, w = cfg["height"][0], cfg["width"][0]
+    h = cfg["height"][0]
     put("model.latent_size", cfg, cfg_file, "height", lambda v: v // VAE_SPATIAL, f"height // {VAE_SPATIAL}")
-    put("model.latent_width", cfg, cfg_file, "width", lambda v: 0 if v == h else v // VAE_SPATIAL,
-        f"width // {VAE_SPATIAL}; 0 (square) when width == height")  # fmt: skip
-    put("data.layout", cfg, cfg_file, "env_type", lambda v: {"none": "side_by_side", "robotwin_tshape": "tshape"}[v],
-        "env_type: 'none' -> side_by_side (_cat_video_latents along the width), 'robotwin_tshape' -> tshape")  # fmt: skip
-    put("data.actions_per_video_frame", cfg, cfg_file, "action_per_frame", lambda v: v // VAE_TEMPORAL,
-        f"action_per_frame // {VAE_TEMPORAL} (the VAE's temporal factor): the dataset's frame_stride")  # fmt: skip
-    put("data.normalize", cfg, cfg_file, "action_norm_method", lambda v: {"quantiles": "fixed"}[v],
-        "action_norm_method 'quantiles' with the config's own norm_stat: data.normalize fixed")  # fmt: skip
-    put("data.norm_q01", cfg, cfg_file, "norm_stat", lambda v: [float(x) for x in v["q01"]], "norm_stat['q01']")
-    put("data.norm_q99", cfg, cfg_file, "norm_stat", lambda v: [float(x) for x in v["q99"]], "norm_stat['q99']")
+    put(
+        "model.latent_width",
+        cfg,
+        cfg_file,
+        "width",
+        lambda v: 0 if v == h else v // VAE_SPATIAL,
+        f"width // {VAE_SPATIAL}; 0 (square) when width == height",
+    )
+    put(
+        "data.layout",
+        cfg,
+        cfg_file,
+        "env_type",
+        lambda v: {"none": "side_by_side", "robotwin_tshape": "tshape"}[v],
+        "env_type: 'none' -> side_by_side (_cat_video_latents along the width), 'robotwin_tshape' -> tshape",
+    )
+    put(
+        "data.actions_per_video_frame",
+        cfg,
+        cfg_file,
+        "action_per_frame",
+        lambda v: v // VAE_TEMPORAL,
+        f"action_per_frame // {VAE_TEMPORAL} (the VAE's temporal factor): the dataset's frame_stride",
+    )
+    put(
+        "data.normalize",
+        cfg,
+        cfg_file,
+        "action_norm_method",
+        lambda v: {"quantiles": "fixed"}[v],
+        "action_norm_method 'quantiles' with the config's own norm_stat: data.normalize fixed",
+    )
+    put(
+        "data.norm_q01",
+        cfg,
+        cfg_file,
+        "norm_stat",
+        lambda v: [float(x) for x in v["q01"]],
+        "norm_stat['q01']",
+    )
+    put(
+        "data.norm_q99",
+        cfg,
+        cfg_file,
+        "norm_stat",
+        lambda v: [float(x) for x in v["q99"]],
+        "norm_stat['q99']",
+    )
     put("model.patch_t", shared, "shared_config.py", "patch_size", lambda v: v[0], "patch_size[0]")
     put("model.patch", shared, "shared_config.py", "patch_size", lambda v: v[1], "patch_size[1] (= [2])")
     for key, name in {
-        "train.lr": "learning_rate", "train.weight_decay": "weight_decay", "train.warmup_steps": "warmup_steps",
-        "train.batch_size": "batch_size", "train.grad_accum": "gradient_accumulation_steps",
-        "train.steps": "num_steps", "checkpoint.every": "save_interval", "recipe.text_dropout": "cfg_prob",
-    }.items():  # fmt: skip
+        "train.lr": "learning_rate",
+        "train.weight_decay": "weight_decay",
+        "train.warmup_steps": "warmup_steps",
+        "train.batch_size": "batch_size",
+        "train.grad_accum": "gradient_accumulation_steps",
+        "train.steps": "num_steps",
+        "checkpoint.every": "save_interval",
+        "recipe.text_dropout": "cfg_prob",
+    }.items():
         put(key, train, train_file, name)
     beta1, line = train["beta1"]
     out["train.betas"] = _entry([beta1, train["beta2"][0]], CONFIGS + train_file, line, "beta1, beta2")
     clip, line = found(checkout, "wan_va/train.py", r"clip_grad_norm_\(.*, ([0-9.]+)\)")
     out["train.grad_clip"] = _entry(float(clip.group(1)), "wan_va/train.py", line, "clip_grad_norm_ max norm")
     length, line = found(checkout, "wan_va/wan_va_server.py", r"max_sequence_length=(\d+)")
-    out["data.text_length"] = _entry(int(length.group(1)), "wan_va/wan_va_server.py", line, "max_sequence_length")
+    out["data.text_length"] = _entry(
+        int(length.group(1)), "wan_va/wan_va_server.py", line, "max_sequence_length"
+    )
     dataset = "wan_va/dataset/lerobot_latent_dataset.py"
     if cfg["env_type"][0] == "robotwin_tshape":
         left, line = found(checkout, dataset, r"get_relative_pose\(action\[:, (\d*):7\]\)")
         right, _ = found(checkout, dataset, r"get_relative_pose\(action\[:, (\d+):15\]\)")
         starts = [int(left.group(1) or 0), int(right.group(1))]
-        out["data.relative_poses"] = _entry(starts, dataset, line, "get_relative_pose(action[:, :7]), (action[:, 8:15])",
-                                            "the start column of each 7-wide pose made relative")  # fmt: skip
+        out["data.relative_poses"] = _entry(
+            starts,
+            dataset,
+            line,
+            "get_relative_pose(action[:, :7]), (action[:, 8:15])",
+            "the start column of each 7-wide pose made relative",
+        )
     else:
         _, line = found(checkout, dataset, r"env_type == 'robotwin_tshape'.*get_relative_pose")
-        out["data.relative_poses"] = _entry([], dataset, line, "get_relative_pose only for env_type robotwin_tshape")
+        out["data.relative_poses"] = _entry(
+            [], dataset, line, "get_relative_pose only for env_type robotwin_tshape"
+        )
     return out
 
 
@@ -154,19 +216,19 @@ EXCEPTIONS = {
         "model.latent_width": "the CPU scale shrinks the views (its aspect kept); no released weights",
         "data.normalize": "no released weights at CPU scale: statistics fitted to the test dataset "
         "(upstream's fixed ones belong to the weights trained with them)",
-        "train.steps": "a short CPU run",
-        "train.grad_accum": "a short CPU run",
+        "train.steps": "a short CPU run: the full scale keeps upstream's",
+        "train.grad_accum": "a short CPU run: the full scale keeps upstream's",
         "train.lr": "a random-init tiny model learns at 1e-3",
-        "train.warmup_steps": "a short CPU run",
-        "checkpoint.every": "a short CPU run",
-        "data.frames": "short test episodes",
+        "train.warmup_steps": "a short CPU run: the full scale keeps upstream's",
+        "checkpoint.every": "a short CPU run: the full scale keeps upstream's",
+        "data.frames": "short test episodes: one clip of 4 latent frames",
     },
 }
 SEMANTICS = {
     "robotwin": {
         "data.relative_poses": "same columns, another reference row: the episode's first row here "
-        "(trainer/data/poses.py), the clip's first row upstream (after act_shift); upstream's RoboTwin client "
-        "adds the episode's initial pose back, so the served actions agree with its loop",
+        "(trainer/data/poses.py), the clip's first row upstream (after act_shift); upstream's RoboTwin "
+        "client adds the episode's initial pose back, so the served actions agree with its loop",
     },
 }
 
@@ -174,7 +236,8 @@ SEMANTICS = {
 def main(checkout: str) -> None:
     fixture = {
         "source": {
-            "repository": "github.com/robbyant/lingbot-va (read from the fork github.com/hewu2008/lingbot-va)",
+            "repository": "github.com/robbyant/lingbot-va (read from the fork "
+            "github.com/hewu2008/lingbot-va)",
             "commit": COMMIT,
             "made_by": "python tests/support/upstream_presets.py UPSTREAM_CHECKOUT > "
             "tests/fixtures/upstream_presets_58c2ae5.json (ast of the config files, regular expressions "

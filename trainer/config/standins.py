@@ -37,14 +37,16 @@ def stand_ins(cfg: RunConfig) -> list[str]:
     return found
 
 
-def _fix(weights: str) -> str:
+def _fix(cfg: RunConfig, weights: str) -> str:
     root = PurePath(weights) if weights else PurePath("<the released folder>")
     if root.name == "transformer":
         root = root.parent
-    return (
-        f"set data.encoder=wan_vae data.vae_path={root / 'vae'} data.text_encoder={root / 'text_encoder'} "
-        "(the full-scale presets' defaults: the released folder's own encoders)"
-    )
+    sets = []
+    if cfg.data.encoder == "patch_mean":
+        sets.append(f"data.encoder=wan_vae data.vae_path={root / 'vae'}")
+    if not cfg.data.text_encoder:
+        sets.append(f"data.text_encoder={root / 'text_encoder'}")
+    return f"set {' '.join(sets)} (the full-scale presets' defaults: the released folder's own encoders)"
 
 
 def refusal(cfg: RunConfig, released: bool, full_scale: bool, weights: str = "") -> str | None:
@@ -56,8 +58,8 @@ def refusal(cfg: RunConfig, released: bool, full_scale: bool, weights: str = "")
     where = weights or cfg.model.pretrained
     return (
         f"{' and '.join(found)}: weights-free stand-in input(s) for the released transformer ({where}), "
-        f"whose every action would then be meaningless; {_fix(where)}, or --set {ALLOW}=true to run with "
-        "the stand-ins anyway (announced, recorded)"
+        f"whose every action would then be meaningless; {_fix(cfg, where)}, or --set {ALLOW}=true to run "
+        "with the stand-ins anyway (announced, recorded)"
     )
 
 
