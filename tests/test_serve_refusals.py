@@ -140,6 +140,7 @@ def test_refusals_are_warnings_naming_the_peer_and_the_fix(serving):
     assert info.value.response.status_code == 401
     line = said.wait_for(r"refused .*HTTP 401")[0]
     assert re.search(r"serve: WARNING: refused 127\.0\.0\.1:\d+ \(HTTP 401\)", line), line
+    assert "missing or wrong Authorization" in line  # as tests/test_serve.py reads it
     assert "--api-key-file" in line and "api_key=KEY" in line and "every 5 s" in line
     first, second = PolicyClient(uri, KEY), PolicyClient(uri, KEY)
     try:

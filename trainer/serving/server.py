@@ -89,7 +89,7 @@ class PolicyServer:
         peer = _peer(connection)
         if not self._authorised(request):
             self.say(
-                f"serve: WARNING: refused {peer} (HTTP 401): missing or wrong 'Authorization: Api-Key' "
+                f"serve: WARNING: refused {peer} (HTTP 401): missing or wrong Authorization: Api-Key "
                 "header; give the client the key in --api-key-file "
                 "(WebsocketClientPolicy(host, port, api_key=KEY)). " + RETRIES
             )
