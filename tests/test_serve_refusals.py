@@ -1,8 +1,9 @@
 """What bin/serve says when it refuses or drops a client (issue 42, item 6), on a tiny random model
 (tests/support/serve_tiny.py):
 
-- a TCP probe (connect, close, no HTTP: `nc -z`, a load balancer) leaves no traceback on the server's real
-  stderr, at most one line for any number of probes, and the server goes on serving;
+- a TCP probe (connect, close, no HTTP: `nc -z`, a load balancer; a reset; an HTTP GET of `/` without the
+  websocket upgrade) leaves no traceback on the server's real stderr, at most one line for any number of
+  probes, and the server goes on serving;
 - a connection that sends nothing for --idle-timeout is closed (1001, the reason naming the option), its
   slot freed, said in a WARNING line with the peer address; time its own request waits on the model does
   not count as idle;
@@ -21,9 +22,12 @@ import os
 import queue
 import re
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 
 import pytest
 from websockets.exceptions import ConnectionClosedOK, InvalidStatus
@@ -176,9 +180,14 @@ def test_a_tcp_probe_is_one_quiet_line_and_the_server_goes_on(tmp_path):
             line = lines.get(timeout=DEADLINE)
             assert line is not None, "\n".join(err)
             err.append(line)
-        for _ in range(3):  # nc -z: connect, send nothing, close
+        for _ in range(2):  # nc -z: connect, send nothing, close
             with socket.create_connection(("127.0.0.1", int(port[0])), timeout=DEADLINE):
                 pass
+        with socket.create_connection(("127.0.0.1", int(port[0])), timeout=DEADLINE) as probe:  # a reset
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with pytest.raises(urllib.error.HTTPError) as http:  # an HTTP check of `/`, no websocket upgrade
+            urllib.request.urlopen(f"http://127.0.0.1:{port[0]}/", timeout=DEADLINE)
+        assert http.value.code == 426
         client = PolicyClient(f"ws://127.0.0.1:{port[0]}")
         try:
             assert "server_timing" in client.reset("after the probes")

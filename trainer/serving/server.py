@@ -25,8 +25,9 @@ Before a connection gets anything (`process_request`, during the handshake):
 Every refusal (a wrong key, over the limit, an idle close) is a `serve: WARNING:` line naming the peer
 address and the fix: upstream's client retries a refused handshake every 5 s and says so only at INFO
 level, so the server's log is where a waiting client shows (docs/evaluation.md).
-A connection that never speaks HTTP (a TCP probe: `nc -z`, a load balancer) is one quiet line, the first
-time only, never websockets' traceback: websockets' own log goes through `_WebsocketsLog`.
+A connection that never completes a websocket handshake (a TCP probe: `nc -z`, a load balancer; an HTTP
+GET without the upgrade) is one quiet line, the first time only, never websockets' traceback: websockets'
+own log goes through `_WebsocketsLog`.
 A frame over --max-frame-bytes closes that connection with 1009 (message too big) and the reason, before
 it is read into memory. SIGINT or SIGTERM: stop accepting, close the connections (1001 going away), let
 the request on the worker finish, return 0.
@@ -47,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from websockets.asyncio.server import Request, Response, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed, InvalidMessage
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.frames import CloseCode
 
 from trainer.serving.protocol import Executed, Observe, ProtocolError, Reset, decode_request, metadata, pack
@@ -258,9 +259,10 @@ RETRIES = (
 
 
 class _WebsocketsLog(logging.Handler):
-    """websockets' own records (WARNING and up) as say lines. A failed opening handshake whose request
-    never came (a TCP probe that connects and closes, a client that speaks no HTTP) is one line without
-    traceback, said the first time only; anything else is said with its traceback."""
+    """websockets' own records (WARNING and up) as say lines. An opening handshake that failed on what
+    the peer sent or did not send (a TCP probe that connects and closes, a reset, an HTTP GET without
+    the websocket upgrade: a load balancer's check of `/`, a browser) is one line without traceback, said
+    the first time only; anything else is said with its traceback."""
 
     def __init__(self, say: Callable[[str], None]):
         super().__init__(logging.WARNING)
@@ -268,14 +270,16 @@ class _WebsocketsLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         exc = record.exc_info[1] if record.exc_info else None
-        if record.getMessage() == "opening handshake failed" and isinstance(exc, InvalidMessage | EOFError):
+        if record.getMessage() == "opening handshake failed" and isinstance(
+            exc, InvalidHandshake | EOFError | ConnectionError
+        ):
             self.probes += 1
             if self.probes == 1:
                 ws = getattr(record, "websocket", None)
                 peer = _peer(ws) if isinstance(ws, ServerConnection) else "a client"
                 self.say(
-                    f"serve: {peer} connected without a websocket handshake ({exc}): a TCP probe? "
-                    "GET /healthz is for probes; further ones are not logged"
+                    f"serve: {peer} connected without a websocket handshake ({exc or type(exc).__name__}): "
+                    "a probe? GET /healthz is for probes; further ones are not logged"
                 )
             return
         self.say(f"serve: websockets: {record.getMessage()}")
