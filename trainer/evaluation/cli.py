@@ -75,7 +75,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     from trainer.sampling.rundata import load_episodes, make_sampler
 
     base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(target, base)
+    model, cfg, what = load_model(target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"))
     if sets:
         from trainer.config import apply_overrides
 
