@@ -13,7 +13,8 @@ import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
 from tests.support.lingbot_tiny import tiny_cfg
-from trainer.data.encoding.encoder import PatchMeanEncoder, make_encoder
+from tests.support.serve_tiny import tiny_served
+from trainer.data.encoding.encoder import make_encoder
 from trainer.data.encoding.text import StandInText
 from trainer.data.normalize import QuantileNormalizer
 from trainer.model import WorldModel
@@ -28,22 +29,7 @@ F, CAMS, KEY = 2, ("front", "wrist"), "abc123"
 
 
 def _served() -> Served:
-    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2})
-    cfg.data.cameras = list(CAMS)
-    torch.manual_seed(0)
-    model = WorldModel(cfg).eval()
-    m = cfg.model
-    text = StandInText(m.text_dim, 8)
-    empty, _ = text.embed("")
-    norm = QuantileNormalizer(
-        np.linspace(-1, 0, 8).astype(np.float32), np.linspace(1, 2, 8).astype(np.float32)
-    )
-    spec = Spec(CAMS, 8, F, cfg.data.actions_per_frame)
-    grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
-    return Served(
-        model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, 8),
-        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, 1), text, spec,
-    )  # fmt: skip
+    return tiny_served()  # tests/support/serve_tiny.py: 2 cameras (front, wrist), 8 channels, F = 2
 
 
 @pytest.fixture(scope="module")
