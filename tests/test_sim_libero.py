@@ -43,9 +43,8 @@ def evaluate(run: Path, out: Path, *args: str, **hooks: str) -> tuple[int, dict,
 
 def test_the_goal_state_is_a_success_and_counted(libero_run, tmp_path):
     out = tmp_path / "libero"
-    code, result, err = evaluate(
-        libero_run, out, *TASK, "--episodes", "1", "--max-steps", "40", LINGBOT_TEST_SIM_GOAL_AT="2"
-    )
+    args = [*TASK, "--episodes", "1", "--max-steps", "40"]
+    code, result, err = evaluate(libero_run, out, *args, LINGBOT_TEST_SIM_GOAL_AT="2")
     assert code == 0, err[-3000:]
     assert (result["suite"], result["episodes"], result["successes"], result["success_rate"]) == (
         "libero_goal", 1, 1, 1.0)  # fmt: skip
@@ -58,6 +57,11 @@ def test_the_goal_state_is_a_success_and_counted(libero_run, tmp_path):
     assert video.name == "t00_e000_success.mp4" and video.stat().st_size > 0
     assert (out / "success.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text())["successes"] == 1
+    # the same command again (another folder): the same scene renders the same key frames (seeded builds)
+    again = tmp_path / "again"
+    code, _, err = evaluate(libero_run, again, *args, LINGBOT_TEST_SIM_GOAL_AT="2")
+    assert code == 0, err[-3000:]
+    assert (again / record["video"]).read_bytes() == video.read_bytes()
 
 
 def test_a_crash_is_an_error_the_rest_fails_and_a_rerun_continues(libero_run, tmp_path):

@@ -154,7 +154,8 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     if jobs:
         serving = Serving(served, out / "serve.log")
         argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", "--uri", serving.uri,
-                "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps)]  # fmt: skip
+                "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps),
+                "--seed", str(opts.seed)]  # fmt: skip
         pool = Pool(argv, worker_env(python, gl), workers, out / "logs")
         progress = Progress(opts.suite, len(tasks) * opts.episodes, len(done), say)
         try:

@@ -1,7 +1,7 @@
 """A LIBERO simulator worker: upstream's client loop, one episode per job, against a served policy.
 
     .sim/libero/bin/python -m trainer.evaluation.sim.worker --uri ws://127.0.0.1:PORT --suite libero_10 \
-        --out DIR --max-steps 800        (started by runner.py; PYTHONPATH = the repo, in the sim env)
+        --out DIR --max-steps 800 --seed 0   (started by runner.py; PYTHONPATH = the repo, in the sim env)
 
 Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: from
 this repo it imports only the loop (trainer/evaluation/loops.py), the client (trainer/serving/client.py and
@@ -18,7 +18,12 @@ afresh, `reset()`, `set_init_state(init_states[e % len(init_states)])` (the task
 upstream's client keys them), `done` as LIBERO's env.step returns it (the task's bddl goal,
 `_check_success`); until `env.env.timestep` (the 5 settling steps included, as upstream counts) reaches
 --max-steps (upstream: 800). Differences, none in what the policy sees or what counts: the env is built
-once, not retried 5 times (a failure is the episode's error); the step limit is a flag; time is measured.
+once, not retried 5 times (a failure is the episode's error); the step limit is a flag; time is measured;
+and Python's and numpy's global RNGs are seeded from (--seed, suite, task, episode) before the env is
+built. LIBERO draws from them while building a scene, and the same init state then renders differently
+from one build to the next (measured: libero_goal task 0, init state 0, two builds: the same qpos, the
+agentview images up to 158 apart, 3.5 on average; 0 apart when seeded), so upstream's runs are not
+repeatable; seeded, the same command plays the same episodes.
 
 Written per episode (each atomically, the record last, so a record means the episode is complete):
     DIR/videos/t<task>_e<episode>_<success|failure>.mp4   the key frames, agentview | eye-in-hand side by
@@ -137,7 +142,15 @@ class LiberoSim:
         return observes, bool(done)
 
 
-def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int) -> dict:
+def seed_scene(seed: int, suite: str, task: int, episode: int) -> None:
+    """The global RNGs LIBERO and robosuite draw from while building a scene (see the module docstring)."""
+    import random
+
+    random.seed(f"{seed}:{suite}:{task}:{episode}")
+    np.random.seed([seed, task, episode, sum(suite.encode())])
+
+
+def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
     """One episode (see the module docstring): its record, and the key frames under "frames"."""
     from libero.libero.envs import OffScreenRenderEnv
 
@@ -148,6 +161,7 @@ def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps:
     env_args = {"bddl_file_name": suite.get_task_bddl_file_path(task), "camera_heights": SIZE,
                 "camera_widths": SIZE}  # fmt: skip
     init_states = suite.get_task_init_states(task)
+    seed_scene(seed, suite.name, task, episode)
     env = OffScreenRenderEnv(**env_args)
     build = time.perf_counter() - t0
     key_every = max(1, int(client.metadata["actions_per_frame"]) // 4)
@@ -206,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--max-steps", type=int, default=800)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     records = os.fdopen(os.dup(1), "w")  # the records' channel; fd 1 (LIBERO's prints) goes to stderr
     os.dup2(2, 1)
@@ -217,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads(line)
         client = TimedClient(args.uri)  # a connection (a server session) per episode: its noise is its own
         try:
-            record = run_one(client, suite, job["task"], job["episode"], args.max_steps)
+            record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed)
         finally:
             client.client.close()
         record = write_episode(record, args.out)
