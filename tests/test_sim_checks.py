@@ -189,3 +189,25 @@ def test_stop_ends_the_workers_and_records_no_error_for_their_episodes(tmp_path)
         pool.stop()
     assert got == [{"task": 0, "episode": 0, "success": False}]
     assert all(p.poll() is not None for p in pool.procs.values())
+
+
+SILENT_WORKER = """
+import json, sys
+for line in sys.stdin:
+    job = json.loads(line)
+    if job["episode"] == 0:
+        sys.stdin.read()  # a hung simulator: never answers
+    print(json.dumps({**job, "success": True}), flush=True)
+"""
+
+
+def test_a_hung_worker_is_ended_and_its_episode_is_an_error(tmp_path):
+    """A worker that answers nothing within the episode timeout is ended; its episode is an error naming
+    the hang, and a fresh worker runs the slot's next job."""
+    script = tmp_path / "worker.py"
+    script.write_text(SILENT_WORKER)
+    pool = Pool([sys.executable, str(script)], {}, workers=1, logs=tmp_path / "logs", episode_timeout=3.0)
+    records = {(r["task"], r["episode"]): r for r in pool.run([(0, 0), (0, 1)])}
+    assert "answered nothing within 3 s (hung; ended it)" in records[(0, 0)]["error"]
+    assert records[(0, 1)] == {"task": 0, "episode": 1, "success": True}
+    assert all(proc.poll() is not None for proc in pool.procs.values())

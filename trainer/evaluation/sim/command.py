@@ -44,6 +44,14 @@ from trainer.evaluation.sim.report import Progress, load_records, summarise, wri
 EXIT_INTERRUPTED = 130
 
 
+def episode_timeout(max_steps: int) -> float:
+    """How long a worker may take to answer one episode before it counts as hung (its episode an error):
+    10 min to build and settle the scene plus 3 s a step, ~20x what a step costs on a 2-core CPU with both
+    cameras rendered in software (bench/results/2026-12-05-libero-workers.md: ~0.16 s simulated, ~0.05 s
+    of policy per step)."""
+    return 600.0 + 3.0 * max_steps
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     suite: str = "libero_10"
@@ -156,7 +164,7 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
         argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", "--uri", serving.uri,
                 "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps),
                 "--seed", str(opts.seed)]  # fmt: skip
-        pool = Pool(argv, worker_env(python, gl), workers, out / "logs")
+        pool = Pool(argv, worker_env(python, gl), workers, out / "logs", episode_timeout(opts.max_steps))
         progress = Progress(opts.suite, len(tasks) * opts.episodes, len(done), say)
         try:
             for record in pool.run(jobs):

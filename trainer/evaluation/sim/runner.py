@@ -1,6 +1,6 @@
 """Run episodes on K simulator worker processes: a crash is one episode's error, the others go on.
 
-    pool = Pool(argv, env, workers=2, logs=DIR)
+    pool = Pool(argv, env, workers=2, logs=DIR, episode_timeout=2700.0)
     for record in pool.run([(task, episode), ...]):      # as they finish, in any order
         ...                                              # a worker's record, or {"task", "episode", "error"}
     pool.stop()                                          # Ctrl-C: end the workers (their episodes are lost)
@@ -10,8 +10,9 @@ own (a Ctrl-C on the terminal reaches this process only; it decides), fed one jo
 one JSON line per episode; its stderr goes to DIR/worker-<k>.log. One thread per worker slot takes the next
 job from a shared queue, so a slow episode never holds the others. A worker that exits (a crash, a kill)
 or answers something that is not a record turns its episode into an error record naming the exit status
-and the log; a fresh worker takes the slot's next job. An errored episode is not retried in the same run
-(a re-run does: it has no record on disk).
+and the log; a fresh worker takes the slot's next job. A worker that answers nothing for `episode_timeout`
+seconds (a hung simulator or renderer) is ended and its episode is an error saying so. An errored episode is
+not retried in the same run (a re-run does: it has no record on disk).
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ def exit_text(code: int | None) -> str:
 
 
 class Pool:
-    def __init__(self, argv: list[str], env: dict[str, str], workers: int, logs: Path):
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        workers: int,
+        logs: Path,
+        episode_timeout: float | None = None,
+    ):
         self.argv, self.env, self.workers, self.logs = argv, env, workers, logs
+        self.episode_timeout = episode_timeout
         self.procs: dict[int, subprocess.Popen] = {}
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -63,12 +72,21 @@ class Pool:
                 if proc is None or proc.poll() is not None:
                     proc = self._start(slot)
                 assert proc.stdin is not None and proc.stdout is not None
+                hung = threading.Event()
+                watchdog = None
+                if self.episode_timeout is not None:
+                    watchdog = threading.Timer(self.episode_timeout, _hung, (proc, hung))
+                    watchdog.daemon = True
+                    watchdog.start()
                 try:
                     proc.stdin.write(json.dumps({"task": task, "episode": episode}) + "\n")
                     proc.stdin.flush()
                     line = proc.stdout.readline()
                 except (BrokenPipeError, OSError):
                     line = ""
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
                 if self.stopping.is_set():
                     break
                 try:
@@ -82,6 +100,8 @@ class Pool:
                         _end(proc)
                     log = self.logs / f"worker-{slot}.log"
                     why = exit_text(proc.returncode) if not line else f"answered {line.strip()[:120]!r}"
+                    if hung.is_set():
+                        why = f"answered nothing within {self.episode_timeout:g} s (hung; ended it)"
                     why += f": {_last_line(log)}" if _last_line(log) else ""
                     record = {
                         "task": task,
@@ -121,6 +141,12 @@ class Pool:
             procs = list(self.procs.values())
         for proc in procs:
             _end(proc)
+
+
+def _hung(proc: subprocess.Popen, hung: threading.Event) -> None:
+    """The watchdog: the worker has not answered its episode in time; end it (its stdout closes)."""
+    hung.set()
+    _end(proc)
 
 
 def _last_line(log: Path) -> str:
