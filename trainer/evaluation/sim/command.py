@@ -91,9 +91,9 @@ def check_settings(out: Path, want: dict) -> None:
 
 def load(target: str, opts: Options, say: Callable[[str], None]):
     """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet."""
-    from trainer.inference.cli import default_plots_dir
-    from trainer.inference.protocol import parse_aliases
-    from trainer.inference.session import load_served
+    from trainer.evaluation.cli import default_plots_dir
+    from trainer.serving.protocol import parse_aliases
+    from trainer.serving.session import load_served
 
     served = load_served(target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say)
     try:
@@ -110,11 +110,13 @@ class Serving:
     """bin/serve's PolicyServer on a thread of this process, on a free loopback port."""
 
     def __init__(self, served, log: Path):
-        from trainer.inference.server import Limits, PolicyServer
+        from trainer.serving.server import Limits, PolicyServer
 
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "a")
-        self.server = PolicyServer(served, Limits(None, 64), lambda line: print(line, file=self.log, flush=True))
+        self.server = PolicyServer(
+            served, Limits(None, 64), lambda line: print(line, file=self.log, flush=True)
+        )
         ready = threading.Event()
         self.thread = threading.Thread(
             target=lambda: asyncio.run(self.server.run("127.0.0.1", 0, lambda _: ready.set(), signals=False)),
@@ -145,8 +147,11 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     done = load_records(out, tasks, opts.episodes)
     jobs = [(t, e) for t in tasks for e in range(opts.episodes) if (t, e) not in done]
     workers = max(1, min(opts.workers or default_workers(), len(jobs) or 1))
-    say(f"evaluate: LIBERO {opts.suite}, tasks {tasks}, {opts.episodes} episode(s) each, max {opts.max_steps} "
-        f"steps: {len(done)} done before, {len(jobs)} to run on {workers} simulator worker(s); out {out}")  # fmt: skip
+    say(
+        f"evaluate: LIBERO {opts.suite}, tasks {tasks}, {opts.episodes} episode(s) each, max "
+        f"{opts.max_steps} steps: {len(done)} done before, {len(jobs)} to run on {workers} simulator "
+        f"worker(s); out {out}"
+    )
     errors: list[dict] = []
     code, start = 0, time.monotonic()
     if jobs:
@@ -166,16 +171,22 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
         finally:
             progress.close()
             serving.close()
-    result = summarise(out, opts.suite, checkpoint, tasks, opts.episodes, errors, time.monotonic() - start, {})
+    result = summarise(
+        out, opts.suite, checkpoint, tasks, opts.episodes, errors, time.monotonic() - start, {}
+    )
     write_results(out, result)
     rate = result["success_rate"]
-    say(f"evaluate: {opts.suite}: {result['successes']}/{result['episodes']} episodes succeeded"
-        f"{'' if rate is None else f' ({rate:.1%})'}; {len(errors)} error(s); results {out / 'results.json'}")  # fmt: skip
+    say(
+        f"evaluate: {opts.suite}: {result['successes']}/{result['episodes']} episodes succeeded"
+        f"{'' if rate is None else f' ({rate:.1%})'}; {len(errors)} error(s); results {out / 'results.json'}"
+    )
     if code == EXIT_INTERRUPTED:
         say(f"evaluate: interrupted: {result['episodes']} episode(s) kept; run the same command to continue")
     elif errors:
-        say(f"evaluate: {len(errors)} episode(s) did not run (simulator worker crashed; logs {out / 'logs'}); "
-            "run the same command again to retry them")  # fmt: skip
+        say(
+            f"evaluate: {len(errors)} episode(s) did not run (simulator worker crashed; logs "
+            f"{out / 'logs'}); run the same command again to retry them"
+        )
         code = 1
     return result, code
 

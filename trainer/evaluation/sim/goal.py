@@ -1,4 +1,4 @@
-"""Put a LIBERO task into its goal state through the simulator's own state API (for the tests: success is real).
+"""Put a LIBERO task into its goal state through the simulator's own state API (tests: success is real).
 
     reach_goal(env)     env: LIBERO's OffScreenRenderEnv; runs inside the simulator environment (.sim/libero)
 

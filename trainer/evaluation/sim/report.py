@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from provision.atomic import write_json_atomic
 
@@ -38,7 +39,7 @@ def load_records(out: Path, tasks: list[int], episodes: int) -> dict[tuple[int, 
 def summarise(out: Path, suite: str, checkpoint: str, tasks: list[int], episodes: int, errors: list[dict],
               seconds: float, languages: dict[int, str]) -> dict:  # fmt: skip
     records = load_records(out, tasks, episodes)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for t in tasks:
         mine = [r for (task, _), r in sorted(records.items()) if task == t]
         lang = next((r["language"] for r in mine), languages.get(t, ""))
@@ -82,8 +83,10 @@ def plot(path: Path, result: dict) -> None:
     ax.set_xlim(0, 1)
     ax.set_xlabel("success rate")
     rate = result["success_rate"]
-    ax.set_title(f"{result['suite']}: {result['successes']}/{result['episodes']} "
-                 f"({'-' if rate is None else f'{rate:.0%}'}) {Path(result['checkpoint']).name}", fontsize=9)  # fmt: skip
+    share = "-" if rate is None else f"{rate:.0%}"
+    name = Path(result["checkpoint"]).name
+    title = f"{result['suite']}: {result['successes']}/{result['episodes']} ({share}) {name}"
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=".success.", suffix=".png", dir=path.parent)
     os.close(fd)
@@ -104,7 +107,9 @@ def _clock(s: float) -> str:
 class Progress:
     """`libero_10 [#####.....] 12/500 episodes, 3 success, 0 error | 0:05:01 elapsed, ETA 3:20:00`."""
 
-    def __init__(self, suite: str, total: int, before: int, say: Callable[[str], None], tty: bool | None = None):
+    def __init__(
+        self, suite: str, total: int, before: int, say: Callable[[str], None], tty: bool | None = None
+    ):
         self.suite, self.total, self.before, self.say = suite, total, before, say
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.start, self.done, self.wins, self.errors = time.monotonic(), 0, 0, 0

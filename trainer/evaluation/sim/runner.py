@@ -83,7 +83,11 @@ class Pool:
                     log = self.logs / f"worker-{slot}.log"
                     why = exit_text(proc.returncode) if not line else f"answered {line.strip()[:120]!r}"
                     why += f": {_last_line(log)}" if _last_line(log) else ""
-                    record = {"task": task, "episode": episode, "error": f"simulator worker {why} (log {log})"}
+                    record = {
+                        "task": task,
+                        "episode": episode,
+                        "error": f"simulator worker {why} (log {log})",
+                    }
                     proc = None
                 out.put(record)
         finally:
@@ -97,7 +101,9 @@ class Pool:
             todo.put(job)
         out: queue.Queue = queue.Queue()
         slots = max(1, min(self.workers, len(jobs)))
-        threads = [threading.Thread(target=self._slot, args=(k, todo, out), daemon=True) for k in range(slots)]
+        threads = [
+            threading.Thread(target=self._slot, args=(k, todo, out), daemon=True) for k in range(slots)
+        ]
         for t in threads:
             t.start()
         running = len(threads)

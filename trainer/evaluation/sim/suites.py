@@ -68,7 +68,7 @@ def check_served(spec, run: str) -> None:
     if spec.channels != CHANNELS:
         raise UsageError(
             f"{run}: the run serves {spec.channels} action channels (model.action_used / data.action_slots); "
-            f"LIBERO's controller takes {CHANNELS} (xyz, axis-angle, gripper): evaluate a run of the libero preset"
+            f"LIBERO's controller takes {CHANNELS} (xyz, axis-angle, gripper): evaluate a libero preset run"
         )
     if spec.actions_per_frame % 4:
         raise UsageError(
@@ -77,6 +77,7 @@ def check_served(spec, run: str) -> None:
         )
     if set(spec.client_cameras) != set(CAMERAS):
         raise UsageError(
-            f"{run}: the run's cameras {list(spec.client_cameras)} are not LIBERO's client keys {list(CAMERAS)}; "
+            f"{run}: the run's cameras {list(spec.client_cameras)} are not LIBERO's client keys "
+            f"{list(CAMERAS)}; "
             "map them with --camera CLIENT_KEY=RUN_CAMERA (one per camera)"
         )

@@ -3,23 +3,22 @@
     .sim/libero/bin/python -m trainer.evaluation.sim.worker --uri ws://127.0.0.1:PORT --suite libero_10 \
         --out DIR --max-steps 800        (started by runner.py; PYTHONPATH = the repo, in the sim env)
 
-Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: it
-imports numpy, websockets, msgpack, LIBERO and, from this repo, only protocol.py's codec, provision/atomic.py
-and trainer/testhooks.py. Jobs come on stdin, one JSON line each ({"task": t, "episode": e}); for each,
-one JSON line on stdout when the episode is written (the record below), over a connection of its own
-(the server's session, and so the noise of its chunks, is the episode's alone, whatever ran before). stdout carries nothing else
-(LIBERO and robosuite print: they go to stderr).
+Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: from
+this repo it imports only the loop (trainer/evaluation/loops.py), the client (trainer/serving/client.py and
+its codec), provision/atomic.py and trainer/testhooks.py. Jobs come on stdin, one JSON line each
+({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
+below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
+connection of its own: the server's session, and so the noise of its chunks, is the episode's alone.
 
-One episode is upstream 58c2ae5 evaluation/libero/client.py `run_one`, step for step: the suite's task t
-(its bddl file, its language as the prompt), `OffScreenRenderEnv` with 128 x 128 cameras built afresh,
-`reset()`, `set_init_state(init_states[e % len(init_states)])` (the task's init states in order), 5 steps
-of the zero action `[0.] * 7`, images flipped `[::-1]` (agentview and eye-in-hand, keyed as upstream's
-client keys them); `reset` with the prompt; then per chunk: `infer(obs=first observation)` -> (C, F, N)
-actions (`assert N % 4 == 0`), every action of latent frames 1..F-1 (0..F-1 after the first chunk)
-stepped, a key frame kept every N // 4 actions, the loop left on `done`; else `compute_kv_cache` with
-the key frames and `state=action`; until `env.env.timestep` reaches --max-steps (upstream: 800).
-Differences, none in what the policy sees or what counts: the env is built once, not retried 5 times
-(a failure is the episode's error); the step limit is a flag; time is measured.
+One episode is upstream 58c2ae5 evaluation/libero/client.py `run_one`: the loop itself is loops.py
+`libero_episode` (written line by line from run_one), on LiberoSim below, run_one's env side: the suite's
+task t (its bddl file, its language as the prompt), `OffScreenRenderEnv` with 128 x 128 cameras built
+afresh, `reset()`, `set_init_state(init_states[e % len(init_states)])` (the task's init states in order),
+5 steps of the zero action `[0.] * 7`, images flipped `[::-1]` (agentview and eye-in-hand, keyed as
+upstream's client keys them), `done` as LIBERO's env.step returns it (the task's bddl goal,
+`_check_success`); until `env.env.timestep` (the 5 settling steps included, as upstream counts) reaches
+--max-steps (upstream: 800). Differences, none in what the policy sees or what counts: the env is built
+once, not retried 5 times (a failure is the episode's error); the step limit is a flag; time is measured.
 
 Written per episode (each atomically, the record last, so a record means the episode is complete):
     DIR/videos/t<task>_e<episode>_<success|failure>.mp4   the key frames, agentview | eye-in-hand side by
@@ -46,33 +45,23 @@ SIZE = 128  # run_one: camera_heights, camera_widths
 SETTLE = 5  # init_single_env: `for _ in range(5): env.step([0.] * 7)`
 
 
-class Client:
-    """upstream's WebsocketClientPolicy as run_one uses it: infer(dict) -> dict; a text reply raises."""
+class TimedClient:
+    """PolicyClient (upstream's WebsocketClientPolicy's behaviour) with its round trips timed: the server's
+    own `server_timing.infer_ms` is the policy's time, the rest of the round trip the transport's."""
 
     def __init__(self, uri: str):
-        from websockets.sync.client import connect
+        from trainer.serving.client import PolicyClient
 
-        self.ws = connect(uri, compression=None, max_size=None, ping_interval=None, open_timeout=60)
-        self.metadata = self._recv()
-        self.transport_s = self.server_s = 0.0
-
-    def _recv(self) -> Any:
-        from trainer.inference.protocol import unpack
-
-        data = self.ws.recv()
-        if isinstance(data, str):
-            raise RuntimeError(f"Error in inference server:\n{data}")
-        return unpack(data)
+        self.client = PolicyClient(uri, open_timeout=60)
+        self.metadata = self.client.metadata
+        self.policy_s = self.transport_s = 0.0
 
     def infer(self, obs: dict) -> dict:
-        from trainer.inference.protocol import pack
-
         start = time.perf_counter()
-        self.ws.send(pack(obs))
-        reply = self._recv()
+        reply = self.client.infer(obs)
         took = time.perf_counter() - start
         server = reply.get("server_timing", {}).get("infer_ms", 0.0) / 1000
-        self.server_s += server
+        self.policy_s += server
         self.transport_s += took - server
         return reply
 
@@ -85,11 +74,19 @@ def extract(obs: dict) -> dict[str, np.ndarray]:
     }
 
 
-class Timed:
-    """The env with env.step timed, and its camera renders inside it (robosuite's sim.render)."""
+class LiberoSim:
+    """LIBERO's OffScreenRenderEnv as loops.LiberoEnv: run_one's init_single_env and env_one_step, timed;
+    the key frames kept for the video (upstream's full_obs_list: each step with (j + 1) % (N // 4) == 0
+    that was not done, i.e. every (N // 4)-th step after the settling), and the test hooks."""
 
-    def __init__(self, env: Any):
-        self.env, self.step_s, self.render_s = env, 0.0, 0.0
+    def __init__(self, env, init_state, task: int, episode: int, key_every: int):
+        from trainer import testhooks
+
+        self.env, self.init_state, self.task, self.episode = env, init_state, task, episode
+        self.key_every, self.goal_at = key_every, testhooks.sim_goal_at()
+        self.frames: list[dict] = []
+        self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
+        self.step_s = self.render_s = self.reset_s = 0.0
         sim = env.env.sim
         render = sim.render
 
@@ -100,20 +97,41 @@ class Timed:
             finally:
                 self.render_s += time.perf_counter() - start
 
-        sim.render = timed_render
+        sim.render = timed_render  # robosuite renders each camera through sim.render inside env.step
 
-    def step(self, action) -> tuple[dict, bool]:
+    def reset(self) -> dict[str, np.ndarray]:
+        start = time.perf_counter()
+        self.env.reset()
+        self.env.set_init_state(self.init_state)
+        for _ in range(SETTLE):
+            obs, _, _, _ = self.env.step([0.0] * 7)
+        self.reset_s, self.render_s = time.perf_counter() - start, 0.0
+        self.timestep = int(self.env.env.timestep)
+        return extract(obs)
+
+    def step(self, action) -> tuple[dict[str, np.ndarray], bool]:
+        from trainer import testhooks
+
+        testhooks.sim_crash(self.task, self.episode)
         start = time.perf_counter()
         obs, _, done, _ = self.env.step(action)
         self.step_s += time.perf_counter() - start
-        return extract(obs), bool(done)
+        self.timestep = int(self.env.env.timestep)
+        observes, steps = extract(obs), self.timestep - SETTLE
+        if self.goal_at is not None and steps == self.goal_at:
+            from trainer.evaluation.sim.goal import reach_goal
+
+            print(f"worker: test hook: goal state set: {reach_goal(self.env)}", file=sys.stderr)
+        if not done and steps % self.key_every == 0:
+            self.frames.append(observes)
+        return observes, bool(done)
 
 
-def run_one(client: Client, suite: Any, task: int, episode: int, max_steps: int) -> dict:
-    """One episode (see the module docstring); its record, and the key frames under "frames"."""
+def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int) -> dict:
+    """One episode (see the module docstring): its record, and the key frames under "frames"."""
     from libero.libero.envs import OffScreenRenderEnv
 
-    from trainer import testhooks
+    from trainer.evaluation.loops import libero_episode
 
     t0 = time.perf_counter()
     prompt = suite.get_task(task).language
@@ -121,58 +139,26 @@ def run_one(client: Client, suite: Any, task: int, episode: int, max_steps: int)
                 "camera_widths": SIZE}  # fmt: skip
     init_states = suite.get_task_init_states(task)
     env = OffScreenRenderEnv(**env_args)
-    t1 = time.perf_counter()
+    build = time.perf_counter() - t0
+    key_every = max(1, int(client.metadata["actions_per_frame"]) // 4)
+    sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every)
     try:
-        env.reset()
-        env.set_init_state(init_states[episode % init_states.shape[0]])
-        for _ in range(SETTLE):
-            obs, _, _, _ = env.step([0.0] * 7)
-        first_obs = extract(obs)
-        t2 = time.perf_counter()
-        sim, goal_at = Timed(env), testhooks.sim_goal_at()
-        policy0, transport0 = client.server_s, client.transport_s
-        client.infer(dict(reset=True, prompt=prompt))
-        frames, done, first, chunks = [], False, True, 0
-        while env.env.timestep < max_steps:
-            action = client.infer(dict(obs=first_obs, prompt=prompt))["action"]
-            chunks += 1
-            key_frame_list = []
-            assert action.shape[2] % 4 == 0
-            action_per_frame = action.shape[2] // 4
-            for i in range(1 if first else 0, action.shape[1]):
-                for j in range(action.shape[2]):
-                    testhooks.sim_crash(task, episode)
-                    observes, done = sim.step(action[:, i, j])
-                    if goal_at is not None and env.env.timestep - SETTLE == goal_at:
-                        from trainer.evaluation.sim.goal import reach_goal
-
-                        print(f"worker: test hook: goal state set: {reach_goal(env)}", file=sys.stderr)
-                    if done:
-                        break
-                    if (j + 1) % action_per_frame == 0:
-                        frames.append(observes)
-                        key_frame_list.append(observes)
-                if done:
-                    break
-            first = False
-            if done:
-                break
-            client.infer(dict(obs=key_frame_list, compute_kv_cache=True, imagine=False, state=action))
-        steps = int(env.env.timestep) - SETTLE
+        played = libero_episode(client, sim, prompt, max_steps)
+        steps = sim.timestep - SETTLE
     finally:
         env.close()
     return {
-        "task": task, "episode": episode, "language": prompt, "success": bool(done),
-        "steps": steps, "chunks": chunks, "frames": frames,
+        "task": task, "episode": episode, "language": prompt, "success": bool(played.done), "steps": steps,
+        "chunks": len(played.actions), "frames": sim.frames,
         "timing": {
-            "build": t1 - t0, "reset": t2 - t1, "physics": sim.step_s - sim.render_s, "render": sim.render_s,
-            "policy": client.server_s - policy0, "transport": client.transport_s - transport0,
+            "build": build, "reset": sim.reset_s, "physics": sim.step_s - sim.render_s,
+            "render": sim.render_s, "policy": client.policy_s, "transport": client.transport_s,
         },
     }  # fmt: skip
 
 
 def save_video(frames: list[dict], path: Path, fps: int = 60) -> None:
-    """upstream's save_video: each key frame's cameras side by side (resized to the first's size), atomically."""
+    """upstream's save_video: each key frame's cameras side by side (resized to the first's), atomically."""
     import cv2
     import imageio
 
@@ -218,11 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     suite = benchmark.get_benchmark_dict()[args.suite]()
     for line in sys.stdin:
         job = json.loads(line)
-        client = Client(args.uri)  # a connection (a server session) per episode: its noise is the episode's own
+        client = TimedClient(args.uri)  # a connection (a server session) per episode: its noise is its own
         try:
             record = run_one(client, suite, job["task"], job["episode"], args.max_steps)
         finally:
-            client.ws.close()
+            client.client.close()
         record = write_episode(record, args.out)
         print(json.dumps(record), file=records, flush=True)
     return 0
