@@ -81,8 +81,8 @@ def evaluator_command(python: str, checkpoint: Path, ev: Any, out: Path, cpu_sca
 def evaluator_env(env: dict[str, str], device: str) -> dict[str, str]:
     child = dict(env)
     if device == "cpu":
-        child["OMP_NUM_THREADS"] = "1"  # spare cores: the ranks keep theirs
-        child["CUDA_VISIBLE_DEVICES"] = ""
+        child["OMP_NUM_THREADS"] = "1"  # spare cores: the ranks keep theirs (--device cpu; an empty
+        # CUDA_VISIBLE_DEVICES would break robosuite's EGL device choice in the simulator workers)
     else:  # cuda:K: the K-th GPU this node sees, and only it
         index = int(device.split(":")[1])
         visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
@@ -104,6 +104,8 @@ class SimEval:
         self.python, self.env, self.stop_file, self.cpu_scale = python, env, stop_file, cpu_scale
         records = simrecords.read_records(self.root)
         self.seen = {step for step, r in records.items() if r.get("status") in FINAL}
+        complete = scan(self.root)[0]
+        self.floor = complete[-1].step if complete else 0  # later due steps the watcher must see or record
         self.queue: list[int] = []
         self.current: Running | None = None
         self.publisher = simresults.Publisher(cfg, self.run_dir)
@@ -161,10 +163,21 @@ class SimEval:
         self._start_next()
 
     def _discover(self) -> None:
-        for info in scan(self.root)[0]:
+        complete = scan(self.root)[0]
+        steps = {c.step for c in complete}
+        for info in complete:
             if info.step % self.ev.sim_every == 0 and info.step not in self.seen:
                 self.seen.add(info.step)
                 self.queue.append(info.step)
+        newest = max(steps, default=0)
+        for step in range(
+            self.floor + self.ev.sim_every - self.floor % self.ev.sim_every, newest, self.ev.sim_every
+        ):
+            if step not in self.seen:  # saved and pruned (checkpoint.keep) between two polls
+                self.seen.add(step)
+                self._record(
+                    step, simrecords.SKIPPED, reason="pruned by checkpoint.keep before the launcher saw it"
+                )
 
     def _start_next(self) -> None:
         while self.current is None and self.queue:
@@ -185,7 +198,8 @@ class SimEval:
                     stdout=sink, stderr=sink, start_new_session=True, preexec_fn=_unblock_signals,
                 )  # fmt: skip
             self.current = Running(step, proc, out, log, time.time())
-            say(f"sim: evaluating {info.path.name} (pid {proc.pid}, log {log}); training goes on")
+            going = "the ranks have ended" if self.halted.is_set() else "training goes on"
+            say(f"sim: evaluating {info.path.name} (pid {proc.pid}, log {log}); {going}")
 
     def _reap(self) -> None:
         run = self.current
