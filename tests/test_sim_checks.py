@@ -137,3 +137,55 @@ def test_progress_line_counts_and_estimates(capsys):
     p.update({"task": 0, "episode": 2, "error": "simulator worker exited 1"})
     assert "2/4 episodes, 1 success, 0 error" in lines[0]
     assert "3/4 episodes, 1 success, 1 error" in lines[1] and "ETA 0:00:0" in lines[1]
+
+
+SPEC = Path(__file__).resolve().parents[1] / "sim" / "libero"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, _, version = line.rstrip(" \\").partition("==")
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+@pytest.mark.parametrize("name", ["requirements", "nodeps"])
+def test_the_sim_locks_hold_every_pin_with_hashes(name):
+    """A pin changed in sim/libero/*.in without re-locking (the command: docs/evaluation.md) fails here."""
+    wanted, locked = _pins(SPEC / f"{name}.in"), _pins(SPEC / f"{name}.lock")
+    for pkg, version in wanted.items():
+        assert locked.get(pkg) == version, f"sim/libero/{name}.lock: {pkg}=={version} not locked; re-lock"
+    text = (SPEC / f"{name}.lock").read_text()
+    blocks = [b for b in text.split("\n") if "==" in b and not b.startswith(" ")]
+    assert len(blocks) == len(locked) and text.count("--hash=sha256:") >= len(locked)
+
+
+def test_the_committed_manifests_are_upstreams_counts():
+    counts = {m: len(assets.read_manifest(SPEC / m)) for m in assets.MANIFESTS}
+    assert counts == {"assets-8f1084e.txt": 585, "bddl-8f1084e.txt": 135, "init-8f1084e.txt": 250}
+
+
+BLOCKING_WORKER = """
+import json, sys
+first = json.loads(sys.stdin.readline())
+print(json.dumps({**first, "success": False}), flush=True)
+sys.stdin.readline()  # the second job: never answered (a long episode)
+sys.stdin.read()      # held here until the pool ends it
+"""
+
+
+def test_stop_ends_the_workers_and_records_no_error_for_their_episodes(tmp_path):
+    """Ctrl-C (the command calls stop()): what finished is kept, the running episode is neither a result
+    nor an error, the workers are gone."""
+    script = tmp_path / "worker.py"
+    script.write_text(BLOCKING_WORKER)
+    pool = Pool([sys.executable, str(script)], {}, workers=1, logs=tmp_path / "logs")
+    got = []
+    for record in pool.run([(0, 0), (0, 1), (0, 2)]):
+        got.append(record)
+        pool.stop()
+    assert got == [{"task": 0, "episode": 0, "success": False}]
+    assert all(p.poll() is not None for p in pool.procs.values())

@@ -150,7 +150,7 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 @click.argument("target")
 @click.option("--episodes", default=None, help="comma-separated episode names, or 'all' (default: held out)")
 @click.option(
-    "--config", default="furniture_train", show_default=True, help="run config for a released folder"
+    "--config", default=None, help="run config for a released folder (furniture_train; --sim libero: libero)"
 )
 @click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
 @click.option("--set", "sets", multiple=True, help="key=value override, e.g. infer.video_steps=2")
@@ -185,6 +185,7 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
     request = JsonRequest.from_argv(sys.argv[1:])
     request.capture_stdout()
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
+    config = config or ("libero" if sim == "libero" else "furniture_train")
     code = EXIT_OK
     try:
         if sim:

@@ -25,7 +25,8 @@ Written per episode (each atomically, the record last, so a record means the epi
                                                           side (upstream's save_video: hstack, fps 60)
     DIR/episodes/t<task>_e<episode>.json                  the record: task, episode, language, success,
                                                           steps, chunks, seconds, timing {build, reset,
-                                                          physics, render, policy, transport, video}
+                                                          physics, render, policy, encode, transport,
+                                                          video}
 """
 
 from __future__ import annotations
@@ -47,21 +48,26 @@ SETTLE = 5  # init_single_env: `for _ in range(5): env.step([0.] * 7)`
 
 class TimedClient:
     """PolicyClient (upstream's WebsocketClientPolicy's behaviour) with its round trips timed: the server's
-    own `server_timing.infer_ms` is the policy's time, the rest of the round trip the transport's."""
+    own `server_timing.infer_ms` is the policy's time (`policy`: sampling chunks and resets; `encode`:
+    compute_kv_cache, the key frames through the run's encoder and the cache update), the rest of the round
+    trip is `transport` (msgpack both ways, the websocket, the server's queue)."""
 
     def __init__(self, uri: str):
         from trainer.serving.client import PolicyClient
 
         self.client = PolicyClient(uri, open_timeout=60)
         self.metadata = self.client.metadata
-        self.policy_s = self.transport_s = 0.0
+        self.policy_s = self.encode_s = self.transport_s = 0.0
 
     def infer(self, obs: dict) -> dict:
         start = time.perf_counter()
         reply = self.client.infer(obs)
         took = time.perf_counter() - start
         server = reply.get("server_timing", {}).get("infer_ms", 0.0) / 1000
-        self.policy_s += server
+        if obs.get("compute_kv_cache"):
+            self.encode_s += server
+        else:
+            self.policy_s += server
         self.transport_s += took - server
         return reply
 
@@ -87,7 +93,10 @@ class LiberoSim:
         self.frames: list[dict] = []
         self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
         self.step_s = self.render_s = self.reset_s = 0.0
-        sim = env.env.sim
+
+    def _time_renders(self) -> None:
+        """robosuite renders each camera through sim.render inside env.step (reset makes a new sim)."""
+        sim = self.env.env.sim
         render = sim.render
 
         def timed_render(*args, **kwargs):
@@ -97,11 +106,12 @@ class LiberoSim:
             finally:
                 self.render_s += time.perf_counter() - start
 
-        sim.render = timed_render  # robosuite renders each camera through sim.render inside env.step
+        sim.render = timed_render
 
     def reset(self) -> dict[str, np.ndarray]:
         start = time.perf_counter()
         self.env.reset()
+        self._time_renders()
         self.env.set_init_state(self.init_state)
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
@@ -152,7 +162,8 @@ def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps:
         "chunks": len(played.actions), "frames": sim.frames,
         "timing": {
             "build": build, "reset": sim.reset_s, "physics": sim.step_s - sim.render_s,
-            "render": sim.render_s, "policy": client.policy_s, "transport": client.transport_s,
+            "render": sim.render_s, "policy": client.policy_s, "encode": client.encode_s,
+            "transport": client.transport_s,
         },
     }  # fmt: skip
 
