@@ -17,9 +17,12 @@ import pytest
 from trainer.checkpoint import simrecords
 from trainer.checkpoint.best import BestPin, best_by_of
 from trainer.checkpoint.layout import CheckpointInfo, prune, scan
+from trainer.checkpoint.size import estimate_bytes, model_size
 from trainer.config import apply_overrides, load_config, parse_set
 from trainer.config.rules import violations
 from trainer.launcher import simeval
+from trainer.launcher.errors import PreflightError
+from trainer.launcher.preflight import space_check
 
 pytestmark = pytest.mark.fast
 
@@ -175,3 +178,26 @@ def test_finish_waits_within_its_bound_or_abandons(tmp_path, wait):
     sim.finish(wait=True)  # a completed run
     status = simrecords.read_records(root)[2]["status"]
     assert status == ("done" if wait else "abandoned")
+
+
+def test_preflight_counts_the_checkpoint_under_evaluation_and_the_best_by_sim(tmp_path, monkeypatch):
+    cfg = _cfg("checkpoint.keep=2", "eval.sim=libero", "eval.best_by=sim", "checkpoint.validate=false")
+    one = estimate_bytes(cfg, model_size(cfg), 1)
+    monkeypatch.setattr("provision.nodeinfo.free_bytes", lambda path: int(one * 4.5))  # 4 fit, not 5
+    want = r"3 checkpoints and the best one by success rate and the one under simulator evaluation \(5\)"
+    with pytest.raises(PreflightError, match=want):
+        space_check(tmp_path, cfg, 1)
+
+
+def test_a_resumed_run_evaluates_again_what_was_abandoned_not_what_finished(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6):
+        _checkpoint(root, step)
+    simrecords.write_record(root, {"step": 2, "status": "done", "success_rate": 0.5})
+    simrecords.write_record(root, {"step": 4, "status": "abandoned", "reason": "a stop signal"})
+    simrecords.write_record(root, {"step": 6, "status": "failed"})
+    sim = _watcher(tmp_path)
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "done", 6: "failed"}
+    assert records[2]["success_rate"] == 0.5 and "finished" not in records[2]  # untouched

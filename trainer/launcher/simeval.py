@@ -122,6 +122,9 @@ class SimEval:
         say(f"sim: checkpoints every {ev.sim_every} steps are evaluated in LIBERO {ev.sim_suite} (tasks "
             f"{ev.sim_tasks}, {ev.sim_episodes} episode(s) each, max {ev.sim_max_steps} steps) by a process "
             f"beside the ranks, on {ev.sim_device}; results in {sim.root.parent / 'evaluation'}")  # fmt: skip
+        if ev.sim_device == "cpu" and not launch.cpu_scale:
+            say("sim: eval.sim_device is cpu at full scale: the policy is served on CPU (hours per "
+                "evaluation); give it a GPU the ranks leave free with eval.sim_device=cuda:K")  # fmt: skip
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the main thread takes the stop signals
         try:
             sim.thread = threading.Thread(target=sim._watch, name="lingbot-simeval", daemon=True)
