@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     median = hung.get("median_step_s")
     delay = (said - stopped) if said is not None else float("nan")
     rows = [
-        ("command", " ".join(argv_train[:3]) + " (cpu_scale, default hang settings)"),
+        ("command", "bin/train " + " ".join(argv_train[1:3]) + " (cpu_scale, default hang settings)"),
         ("exit code", str(rc)),
         ("stopped rank 1 after step", str(hung.get("last_step"))),
         ("median step (s)", f"{median}"),

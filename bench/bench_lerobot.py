@@ -5,9 +5,9 @@ preparation path (parquet + decode + encode + cache entry) frames/s, patch_mean 
 
 The dataset is written by lerobot itself, 0.3.3 (v2.1 layout, the default) or 0.4.4 (v3.0: every episode
 in one data file and one video file per camera, read by seeking to each episode's from_timestamp)
-(tests/support/lerobot_env.py, its cached test-only environments; the first run builds one): 2 video
-cameras at 224 x 224 (libsvtav1, yuv420p, g=2, crf=30: its defaults), one image camera (not read here),
-10 fps. Writing is not timed.
+(tests/support/lerobot_env.py, its cached test-only environments, run as a program; the first run builds
+one): 2 video cameras at 224 x 224 (libsvtav1, yuv420p, g=2, crf=30: its defaults), one image camera (not
+read here), 10 fps. Writing is not timed.
 """
 
 from __future__ import annotations
@@ -21,17 +21,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_prepare import TINY_VAE  # noqa: E402
-from bench.common import Table  # noqa: E402
+from bench.common import REPO, Table, fixture_program  # noqa: E402
 
 CAMERAS = ("observation.images.front", "observation.images.wrist")
 
 
 def write_dataset(root: Path, episodes: int, length: int, version: str) -> None:
-    from tests.support.lerobot_env import lerobot_site, run_writer
-
-    script = Path(__file__).resolve().parents[1] / "tests" / "support" / "lerobot_write.py"
+    """lerobot itself writes the dataset: the tests' writer env and script (tests/support/lerobot_env.py,
+    lerobot_write.py), run as a program (bench/ imports nothing of tests/)."""
+    script = REPO / "tests" / "support" / "lerobot_write.py"
     args = [str(root), "--episodes", str(episodes), "--length", str(length), "--size", "224"]
-    run_writer(script, args, lerobot_site(version=version), timeout=1800)
+    fixture_program(
+        "from pathlib import Path\n"
+        "from tests.support.lerobot_env import lerobot_site, run_writer\n"
+        f"run_writer(Path({str(script)!r}), {args!r}, lerobot_site(version={version!r}), timeout=1800)\n",
+        timeout=3600,
+    )
 
 
 def lerobot_layout(root: Path) -> str:

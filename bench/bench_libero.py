@@ -16,8 +16,9 @@ the policy's seconds (policy + encode + transport) against the simulator's for t
 
 Episodes per hour at 800 steps are projected from the measured per-step and per-chunk costs (a short
 --max-steps keeps the benchmark short); the GPU-node line (EGL on the GPU) is a projection, not measured.
-RUN_DIR: a `libero` preset run; without it, the tiny one the tests train (tests/support/presets_data.py)
-is trained once under ~/.cache/lingbot-bench/libero-run. --write: bench/results/<date>-libero-workers.md.
+RUN_DIR: a `libero` preset run; without it, the tiny one the tests train (tests/support/presets_data.py,
+run as a program: bench/ never imports tests/) is trained once under ~/.cache/lingbot-bench/libero-run.
+--write: bench/results/<date>-libero-workers.md.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import CACHE, Table, machine  # noqa: E402
+from bench.common import CACHE, Table, fixture_program, machine  # noqa: E402
 
 PARTS = ("build", "reset", "physics", "render", "policy", "encode", "transport", "video")
 
@@ -41,10 +42,12 @@ PARTS = ("build", "reset", "physics", "render", "policy", "encode", "transport",
 def tiny_run() -> Path:
     root = CACHE / "libero-run"
     if not (root / "run" / "checkpoints").is_dir():
-        from tests.support.presets_data import train_tiny
-
         root.mkdir(parents=True, exist_ok=True)
-        train_tiny("libero", root)
+        code = (
+            "from pathlib import Path\nfrom tests.support.presets_data import train_tiny\n"
+            f"train_tiny('libero', Path({str(root)!r}))"
+        )
+        fixture_program(code, timeout=1800)
     return root / "run"
 
 

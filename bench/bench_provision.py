@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_provision.py [--repeat 3]
 
 Uses the toolchain stand-in (tests/support/toolchain.py: gcc/g++/binutils/sysroot as conda packages,
-~60 MB compressed) in a local channel, locked by `bin/provision --relock`, and times `python -m
+~60 MB compressed; built by running the tests' builder as a program, bench/ imports nothing of tests/) in a
+local channel, locked by `bin/provision --relock`, and times `python -m
 provision.cli` end to end (process start included), as a user running bin/provision sees it.
 """
 
@@ -22,8 +23,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.channel import index_channel  # noqa: E402
-from tests.support.toolchain import toolchain_packages  # noqa: E402
+from bench.common import fixture_program  # noqa: E402
+
+
+def toolchain_packages() -> list[Path]:
+    """The toolchain stand-in's .conda files (tests/support/toolchain.py builds and caches them), got by
+    running the tests' builder as a program: bench/ never imports tests/."""
+    code = "from tests.support.toolchain import toolchain_packages\nfor p in toolchain_packages(): print(p)"
+    return [Path(line) for line in fixture_program(code, timeout=3600).splitlines() if line]
+
+
+def index_channel(channel: Path) -> None:
+    """repodata.json for every subdir of a local channel (noarch/ made first), as bin/provision --export
+    indexes its kit: rattler's indexer, in a loop of its own."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rattler.index import index_fs
+
+    (channel / "noarch").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, index_fs(channel, force=True, write_shards=False)).result()
 
 
 def timed(args: list[str], env: dict[str, str]) -> float:

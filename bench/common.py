@@ -1,4 +1,5 @@
-"""Shared bits of the benchmarks: result tables, the machine description, torchrun launching.
+"""Shared bits of the benchmarks: result tables, the machine description, torchrun launching, the tests'
+fixture builders run as programs (fixture_program: bench/ imports nothing of tests/).
 
 Every bench module has `run(quick: bool) -> list[Table]` and a `__main__` that prints its tables;
 bench/run_all.py runs them all and writes bench/results/<date>.md.
@@ -42,6 +43,22 @@ class Table:
             lines += ["", f"**{self.ratio}**"]
         lines += [""] + [f"- {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines) + "\n"
+
+
+def fixture_program(code: str, timeout: float) -> str:
+    """Run `code` (Python that imports a builder of tests/support/) as a program of its own; its stdout.
+    bench/ never imports tests/: the test suite owns its fixture builders (the toolchain stand-in, the
+    lerobot writer env), and a benchmark that needs one runs it as the tests' own program would, so a
+    change inside tests/support/ can never break an import of bench/ (tests/test_structure_bench.py)."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, text=True, timeout=timeout,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the fixture builder failed (exit {done.returncode}; its stderr is above): {code!r}"
+        )
+    return done.stdout
 
 
 def median(values) -> float:

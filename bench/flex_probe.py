@@ -33,10 +33,8 @@ def run_variant(name: str, heads: int) -> dict:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    from bench.gpu_measure import check_config
     from trainer.model.masks import PAD, SequenceShape, lingbot_mask_mod, token_layout
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_check import check_config
 
     cfg = check_config(4, 2)
     m, d = cfg.model, cfg.data

@@ -41,7 +41,7 @@ FULL_DEPTH = 30
 
 
 def _configs(layers: int, grad_accum: int, extra: list[str], deepest: int) -> list[tuple[str, object]]:
-    from bench.gpu_check import check_config
+    from bench.gpu_measure import check_config
 
     out = []
     for name, overrides in ROWS:
@@ -133,7 +133,7 @@ def run_matrix(args, out: Path) -> int:  # long: one linear measurement script, 
     import torch
     import torch.distributed as dist
 
-    from bench.gpu_check import init_one_gpu, measure, plan_for
+    from bench.gpu_measure import init_one_gpu, measure, plan_for
     from provision.atomic import write_atomic, write_json_atomic
     from trainer.plan.gpus import match_device_name
 

@@ -29,7 +29,7 @@ from provision.jsonout import JsonRequest, outcome, run_click
 from provision.lock import PYPI_INDEX, LockError, check_lock, current_platform, default_mirrors, make_lock
 from provision.lockfile import read_lock
 from provision.spec import EnvSpec, SpecError, check_env_name, default_spec, load_spec
-from provision.vpkgs import VirtualPackages, VirtualPackagesError
+from provision.vpkgs import VirtualPackagesError
 
 
 def _fail(message: str, request: JsonRequest) -> None:
@@ -67,7 +67,7 @@ def _relock_vpkgs(spec: EnvSpec, vp_file: Path | None, overrides: dict[str, str 
         by_platform = vpkgs.read_spec_file(path)
         log(f"virtual packages from {path}")
     else:
-        by_platform = {p: VirtualPackages() for p in spec.platforms}
+        by_platform = {p: vpkgs.platform_default(p) for p in spec.platforms}
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
         from dataclasses import replace

@@ -48,9 +48,10 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VpkgSource) -> str:
     from conda_lock.src_parser import make_lock_spec
 
     with tempfile.TemporaryDirectory(prefix="lingbot-lock-") as tmp:
-        deps: list = list(spec.conda)
-        if spec.pip or spec.pip_local:
-            deps.append({"pip": list(spec.pip)})
+        selected = spec.for_platform(platform)  # the lines conda-lock's selectors keep for it
+        deps: list = list(selected.conda)
+        if selected.pip or spec.pip_local:
+            deps.append({"pip": list(selected.pip)})
         lockable = Path(tmp, "environment.yml")  # channels as written: conda-lock hashes them so
         lockable.write_text(
             yaml.safe_dump({"name": spec.name, "channels": spec.channels, "dependencies": deps})
@@ -69,14 +70,17 @@ def spec_sha256(spec_path: Path) -> str:
     return hashlib.sha256(Path(spec_path).read_text().encode("utf-8")).hexdigest()
 
 
-def _hash_candidates(spec: EnvSpec, lock: LockFile, vpkg_file: Path | None) -> list[tuple[str, VpkgSource]]:
+def _hash_candidates(
+    spec: EnvSpec, lock: LockFile, vpkg_file: Path | None, platform: str
+) -> list[tuple[str, VpkgSource]]:
     """The virtual packages to recompute the content hash with, each with how it is described."""
-    if lock.recorded_vpkgs is not None:
+    recorded = lock.recorded_vpkgs_for(platform)
+    if recorded is not None:
         return [
             (
-                f"the virtual packages the lock records (metadata.custom_metadata.{CUSTOM_VPKGS}: "
-                f"{lock.recorded_vpkgs.as_dict()})",
-                lock.recorded_vpkgs,
+                f"the virtual packages the lock records for {platform} (metadata.custom_metadata."
+                f"{CUSTOM_VPKGS}: {recorded.as_dict()})",
+                recorded,
             )
         ]
     out: list[tuple[str, VpkgSource]] = []
@@ -122,7 +126,7 @@ def check_lock(
         return lock
     if spec_sha256(spec.path) in lock.inputs_sha256:
         return lock  # the very file this lock was made from
-    candidates = _hash_candidates(spec, lock, vpkg_file)
+    candidates = _hash_candidates(spec, lock, vpkg_file, platform)
     for label, source in candidates:
         if content_hash(spec, platform, source) == lock.content_hash[platform]:
             log(f"{lock_path} matches {spec.path} (conda-lock content hash with {label})")

@@ -145,7 +145,7 @@ def _conda_spec_for(name: str, unmet: list) -> str | None:
 
 def _solve_once(spec: EnvSpec, platform: str, vp: VirtualPackages, mirrors, cache_dir: Path, pip_index, log):
     """(conda entries, pip's install items, python version) for one solve of both parts."""
-    from provision.pip_lock import resolve_pip
+    from provision.pip_lock import pip_arch, resolve_pip
 
     solved = run_async(solve_conda(spec, platform, vp, mirrors, cache_dir))
     conda = [_conda_locked(rec, url, platform) for rec, url in solved]
@@ -155,8 +155,9 @@ def _solve_once(spec: EnvSpec, platform: str, vp: VirtualPackages, mirrors, cach
     if python is None:
         raise LockError(f"{spec.path}: a pip part needs python among the conda packages")
     py_version = ".".join(python.version.split(".")[:2])
-    log(f"resolving pip part for python {py_version} manylinux (glibc {vp.glibc}) against {pip_index}")
-    return conda, resolve_pip(spec.pip, py_version, vp.glibc, pip_index), py_version
+    arch = pip_arch(platform)
+    log(f"resolving pip part for python {py_version} manylinux {arch} (glibc {vp.glibc}) against {pip_index}")
+    return conda, resolve_pip(spec.pip, py_version, vp.glibc, pip_index, arch=arch), py_version
 
 
 def _solve_platform(
@@ -167,10 +168,11 @@ def _solve_platform(
     A name both parts resolve, with conda's version rejected by a pip requirement, is first re-solved
     on the conda side with that requirement; if conda cannot satisfy it, the conda record is dropped
     (pip owns the package) and the reason is kept in the lock."""
-    from provision.pip_lock import conda_shortfalls, pip_locked
+    from provision.pip_lock import conda_shortfalls, pip_arch, pip_locked
 
     conda, items, py = _solve_once(spec, platform, vp, mirrors, cache_dir, pip_index, log)
-    short = conda_shortfalls(items, {p.name: p.version for p in conda}, py) if items else {}
+    arch = pip_arch(platform)
+    short = conda_shortfalls(items, {p.name: p.version for p in conda}, py, arch) if items else {}
     wanted = [_conda_spec_for(name, unmet) for name, unmet in short.items()]
     if short and all(wanted):
         extra = [w for w in wanted if w]
@@ -182,7 +184,7 @@ def _solve_platform(
         except LockError as exc:
             log(f"one owner per package: conda cannot provide {', '.join(extra)}: {str(exc).splitlines()[0]}")
         else:
-            if not conda_shortfalls(retry[1], {p.name: p.version for p in retry[0]}, retry[2]):
+            if not conda_shortfalls(retry[1], {p.name: p.version for p in retry[0]}, retry[2], arch):
                 conda, items, py = retry
                 short = {}
     from packaging.utils import canonicalize_name
@@ -194,7 +196,7 @@ def _solve_platform(
         dropped[name] = f"conda's {name} {have} does not satisfy pip's requirements ({why}): pip owns it"
         log(f"one owner per package: dropped the conda record {name} {have}: {dropped[name]}")
     conda = [p for p in conda if canonicalize_name(p.name) not in short]
-    return conda, pip_locked(items, {p.name for p in conda}, platform, py), dropped
+    return conda, pip_locked(items, {p.name for p in conda}, platform, py, pip_arch(platform)), dropped
 
 
 def _with_conda_specs(spec: EnvSpec, extra: list[str]) -> EnvSpec:
@@ -227,18 +229,20 @@ def make_lock(
             f"solving conda part for {platform} against {', '.join(mirrors or spec.channels)} "
             f"(virtual packages {vp.as_dict()})"
         )
-        conda, pip, gone = _solve_platform(spec, platform, vp, mirrors, cache_dir, pip_index, log)
+        conda, pip, gone = _solve_platform(
+            spec.for_platform(platform), platform, vp, mirrors, cache_dir, pip_index, log
+        )
         packages += conda + pip
         dropped.update(gone)
         hashes[platform] = content_hash(spec, platform, vp)
         summary["platforms"][platform] = {"conda": len(conda), "pip": len(pip), "dropped_conda": sorted(gone)}
-    _write(spec, lock_path, packages, hashes, vpkgs_by_platform[spec.platforms[0]], dropped)
+    _write(spec, lock_path, packages, hashes, {p: vpkgs_by_platform[p] for p in spec.platforms}, dropped)
     summary["content_hash"] = hashes
     return summary
 
 
 def _write(
-    spec: EnvSpec, lock_path: Path, packages: list, hashes: dict, vp: VirtualPackages, dropped
+    spec: EnvSpec, lock_path: Path, packages: list, hashes: dict, vps: dict[str, VirtualPackages], dropped
 ) -> None:
     from conda_lock.lockfile import write_conda_lock_file
     from conda_lock.lockfile.v1.models import InputMeta, LockMeta, MetadataOption, TimeMeta
@@ -250,7 +254,7 @@ def _write(
     except ValueError:
         source = str(spec.path)
     custom = {
-        CUSTOM_VPKGS: json.dumps(vp.as_dict(), sort_keys=True),
+        CUSTOM_VPKGS: json.dumps({p: v.as_dict() for p, v in vps.items()}, sort_keys=True),
         "lingbot_locked_by": "bin/provision --relock (provision/lock.py)",
     }
     if dropped:

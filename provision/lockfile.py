@@ -7,8 +7,9 @@ model, where a package in several categories appears once per category (merged b
 its platform is one the lock declares (anything else is an error naming it); conda entries carry md5
 and sha256, pip entries sha256; no name is in both the conda and the pip part of a platform
 (`owner_conflicts`, refused at install). What bin/provision records beyond conda-lock's fields lives
-in metadata.custom_metadata (`lingbot_virtual_packages`, `lingbot_dropped`); a lock without them
-(one written by conda-lock itself) is just as valid.
+in metadata.custom_metadata (`lingbot_virtual_packages`: {platform: {__glibc: ..., ...}}, or one
+flat mapping for the first platform in locks written before per-platform records; `lingbot_dropped`); a
+lock without them (one written by conda-lock itself) is just as valid.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ class LockFile:
     platforms: list[str]
     content_hash: dict[str, str]
     inputs_sha256: frozenset[str]  # sha256 of the spec files it was made from (when recorded)
-    recorded_vpkgs: VirtualPackages | None  # what bin/provision --relock assumed (conda-lock records none)
+    # per platform, what bin/provision --relock assumed (conda-lock records none)
+    recorded: dict[str, VirtualPackages]
     dropped: dict[str, str] = field(default_factory=dict)  # conda records --relock left to pip, with why
     packages: list[LockedPackage] = field(default_factory=list)
 
@@ -74,6 +76,14 @@ class LockFile:
             and (manager is None or p.manager == manager)
             and p.categories & INSTALLED_CATEGORIES
         ]
+
+    def recorded_vpkgs_for(self, platform: str) -> VirtualPackages | None:
+        return self.recorded.get(platform)
+
+    @property
+    def recorded_vpkgs(self) -> VirtualPackages | None:
+        """The first platform's recorded virtual packages (None: the lock records none)."""
+        return self.recorded.get(self.platforms[0]) if self.platforms else None
 
     def versions(self, platform: str) -> dict[tuple[str, str], str]:
         return {(p.manager, p.name): p.version for p in self.for_platform(platform)}
@@ -170,11 +180,16 @@ def _merge(path: Path, entries: list[LockedPackage]) -> list[LockedPackage]:
     return list(merged.values())
 
 
-def _recorded_vpkgs(path: Path, custom: dict[str, Any]) -> VirtualPackages | None:
+def _recorded_vpkgs(path: Path, custom: dict[str, Any], platforms: list[str]) -> dict[str, VirtualPackages]:
+    """{platform: VirtualPackages}; a lock from before per-platform records holds one flat mapping,
+    which was the (then only) first platform's."""
     if CUSTOM_VPKGS not in custom:
-        return None
+        return {}
     try:
-        return VirtualPackages.from_dict(json.loads(custom[CUSTOM_VPKGS]))
+        data = json.loads(custom[CUSTOM_VPKGS])
+        if all(str(k).startswith("__") for k in data):
+            return {platforms[0]: VirtualPackages.from_dict(data)}
+        return {str(p): VirtualPackages.from_dict(v) for p, v in data.items()}
     except (KeyError, ValueError, TypeError) as exc:
         raise LockError(
             f"{path}: metadata.custom_metadata.{CUSTOM_VPKGS} is not readable ({exc}); remove the key "
@@ -202,7 +217,7 @@ def read_lock(path: Path | str) -> LockFile:
         platforms=platforms,
         content_hash={str(k): str(v) for k, v in (meta.get("content_hash") or {}).items()},
         inputs_sha256=frozenset(str(i.get("sha256")) for i in inputs.values() if isinstance(i, dict)),
-        recorded_vpkgs=_recorded_vpkgs(path, custom),
+        recorded=_recorded_vpkgs(path, custom, platforms),
         dropped=dropped if isinstance(dropped, dict) else {},
         packages=_merge(path, entries),
     )

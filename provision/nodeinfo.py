@@ -136,8 +136,18 @@ def installed_package(prefix: Path, name: str) -> dict | None:
 
 
 def sysroot_glibc(prefix: Path) -> str | None:
-    """The glibc version the env's sysroot targets (sysroot_linux-64's version), None without one."""
-    record = installed_package(prefix, "sysroot_linux-64")
+    """The glibc version the env's sysroot targets (the version of its sysroot_<platform> package:
+    sysroot_linux-64, sysroot_linux-aarch64), None without one."""
+    record = next(
+        filter(
+            None,
+            (
+                installed_package(prefix, f"sysroot_{p}")
+                for p in ("linux-64", "linux-aarch64", "linux-ppc64le")
+            ),
+        ),
+        None,
+    )
     return str(record["version"]) if record and record.get("version") else None
 
 
@@ -167,7 +177,7 @@ def cuda_driver_version() -> int | None:
     return version.value
 
 
-_GPU_KINDS = ("gb200", "b200", "b100", "h200", "h100", "a100")
+_GPU_KINDS = ("gb200", "gh200", "b200", "b100", "h200", "h100", "a100")
 
 
 def gpu_kind(text: str) -> str | None:

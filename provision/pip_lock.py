@@ -1,5 +1,7 @@
 """The pip part of a lock: pip's own resolution for the workers' python and manylinux tags, from the
-index's metadata (no downloads), turned into conda-lock entries with sha256 hashes.
+index's metadata (no downloads), turned into conda-lock entries with sha256 hashes. Per platform: the
+wheel tags and the PEP 508 markers (platform_machine) are the platform's (`pip_arch`: linux-64 ->
+x86_64, linux-aarch64 -> aarch64), whatever machine runs the relock.
 
 Contract: `resolve_pip` returns pip's `--report` install items; `conda_shortfalls` names the packages
 both parts would own where conda's version does not satisfy a pip requirement (lock.make_lock gives
@@ -15,22 +17,49 @@ import sys
 
 from provision.lockfile import LockError
 
+# conda subdir -> the machine name of its wheels' platform tags and of PEP 508's platform_machine
+PIP_ARCH = {"linux-64": "x86_64", "linux-aarch64": "aarch64", "linux-ppc64le": "ppc64le"}
 
-def manylinux_platforms(glibc: str, arch: str = "x86_64") -> list[str]:
+
+def pip_arch(platform: str) -> str:
+    """The wheel architecture of conda subdir `platform` (linux-aarch64 -> aarch64); LockError if none."""
+    try:
+        return PIP_ARCH[platform]
+    except KeyError:
+        raise LockError(
+            f"the pip part cannot be locked for {platform}: manylinux wheels exist for "
+            f"{', '.join(PIP_ARCH)}; remove the pip part or that platform from `platforms:`"
+        ) from None
+
+
+def manylinux_platforms(glibc: str, arch: str) -> list[str]:
     major, minor = (int(x) for x in glibc.split(".")[:2])
     tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
     return tags + [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}", f"linux_{arch}"]
 
 
-def resolve_pip(requirements: list[str], python_version: str, glibc: str, index_url: str) -> list[dict]:
-    """pip's resolution for the worker (python, manylinux tags) from PEP 658 metadata, no downloads.
-    The user's pip config (constraints, find-links) is ignored on purpose: the lock is for the cluster."""
+# pip picks wheels by --platform but evaluates environment markers (`; platform_machine == "x86_64"`) for
+# the machine it runs on: run it with platform.machine() answering the target's, so a dependency that
+# only one architecture needs is resolved for that architecture (pip reads it once, on first use).
+_PIP_FOR_MACHINE = (
+    "import platform, runpy, sys; machine = sys.argv.pop(1); platform.machine = lambda: machine; "
+    "sys.argv[0] = 'pip'; runpy.run_module('pip', run_name='__main__', alter_sys=True)"
+)
+
+
+def resolve_pip(
+    requirements: list[str], python_version: str, glibc: str, index_url: str, *, arch: str
+) -> list[dict]:
+    """pip's resolution for the worker (python, manylinux tags and markers of `arch`) from PEP 658
+    metadata, no downloads. The user's pip config (constraints, find-links) is ignored on purpose: the
+    lock is for the cluster."""
     if not requirements:
         return []
     cmd = [
         sys.executable,
-        "-m",
-        "pip",
+        "-c",
+        _PIP_FOR_MACHINE,
+        arch,
         "install",
         "--isolated",
         "--dry-run",
@@ -48,7 +77,7 @@ def resolve_pip(requirements: list[str], python_version: str, glibc: str, index_
         "--index-url",
         index_url,
     ]
-    for tag in manylinux_platforms(glibc):
+    for tag in manylinux_platforms(glibc, arch):
         cmd += ["--platform", tag]
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
     proc = subprocess.run(cmd + requirements, capture_output=True, text=True, env=env)
@@ -59,7 +88,7 @@ def resolve_pip(requirements: list[str], python_version: str, glibc: str, index_
     return json.loads(proc.stdout)["install"]
 
 
-def _marker_env(python_version: str) -> dict[str, str]:
+def _marker_env(python_version: str, arch: str) -> dict[str, str]:
     from packaging.markers import default_environment
 
     return {
@@ -67,7 +96,7 @@ def _marker_env(python_version: str) -> dict[str, str]:
         "python_version": python_version,
         "sys_platform": "linux",
         "platform_system": "Linux",
-        "platform_machine": "x86_64",
+        "platform_machine": arch,
         "extra": "",
     }
 
@@ -84,14 +113,14 @@ def _requirements(item: dict, marker_env: dict[str, str]) -> list:
 
 
 def conda_shortfalls(
-    items: list[dict], conda_versions: dict[str, str], python_version: str
+    items: list[dict], conda_versions: dict[str, str], python_version: str, arch: str
 ) -> dict[str, list]:
     """Packages pip resolved that conda also provides, but at a version some pip requirement rejects:
     {name: [(who, Requirement), ...]}. Each must get one owner (see lock.make_lock)."""
     from packaging.utils import canonicalize_name
     from packaging.version import Version
 
-    marker_env = _marker_env(python_version)
+    marker_env = _marker_env(python_version, arch)
     conda_versions = {canonicalize_name(k): v for k, v in conda_versions.items()}
     requires: dict[str, list] = {}
     for item in items:
@@ -108,12 +137,14 @@ def conda_shortfalls(
     return out
 
 
-def pip_locked(items: list[dict], conda_names: set[str], platform: str, python_version: str) -> list:
+def pip_locked(
+    items: list[dict], conda_names: set[str], platform: str, python_version: str, arch: str
+) -> list:
     """conda-lock entries for pip's resolution, leaving out every name the conda part owns."""
     from conda_lock.lockfile.v2prelim.models import HashModel, LockedDependency
     from packaging.utils import canonicalize_name
 
-    marker_env = _marker_env(python_version)
+    marker_env = _marker_env(python_version, arch)
     conda_names = {canonicalize_name(n) for n in conda_names}
     out = []
     for item in items:

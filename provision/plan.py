@@ -6,7 +6,10 @@ drift (provision.lock.check_lock), and computes the state hash the completion ma
 lock file's sha256, the platform, the spec's variables, the version of the activate.d capture (the
 computed variables follow from the locked packages), the hook templates and the sources of the
 projects pip installs after the lock (this checkout, for its own environment.yml). The same hash in
-a complete env's manifest means there is nothing to do.
+a complete env's manifest means there is nothing to do. Another architecture (`--platform
+linux-aarch64` on an x86 login node): refused up front where a step would run the target's binaries
+and this machine cannot (provision/crossarch.py), and refused over an env of another platform (jobs
+on the other nodes use it): such an env needs its own prefix.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ def plan(
     projects = list(spec.pip_local)
     if install_project and is_checkout_spec(spec):
         projects.append(repo_root())
+    _check_platform_target(lock, platform, Path(target), projects)
     entries = spec.variable_entries()
     state = {
         "lock_sha256": lock.sha256,
@@ -143,6 +147,29 @@ def plan(
         projects,
         spec_checked=spec.path != lock.path,
     )
+
+
+def _check_platform_target(lock: LockFile, platform: str, target: Path, projects: list[Path]) -> None:
+    from provision.crossarch import cross_install_refusal
+
+    try:
+        there = prefixes.read_manifest(target).get("platform")
+    except (OSError, ValueError):
+        there = None
+    if there and there != platform:
+        raise ProvisionError(
+            f"{target} holds the {there} env, and jobs on {there} nodes use it; an env for {platform} "
+            f"needs its own place: pass --prefix (e.g. {target.parent}-{platform.split('-')[-1]}/"
+            f"{target.name}) or set CONDA_ENVS_PATH to another directory"
+        )
+    steps = []
+    if lock.for_platform(platform, "pip"):
+        steps.append("the pip part (bin/python -m pip)")
+    if projects:
+        steps.append("this checkout's install (--no-project skips it)")
+    why = cross_install_refusal(platform, steps)
+    if why:
+        raise ProvisionError(why)
 
 
 def up_to_date(p: Plan) -> bool:

@@ -1,6 +1,10 @@
 """environment.yml (conda's format): the env's name, channels, conda and pip dependencies, variables.
 
-One env per file, as in conda. Two things beyond what `conda env create` reads:
+One env per file, as in conda. `platforms:` lists the subdirs the lock covers (default linux-64); a
+line ending in a conda-lock platform selector (`# [linux64]`, `# [aarch64]`, `# [linux]`, `# [unix]`)
+belongs only to the platforms it names, exactly as conda-lock's own parser reads it (`for_platform`
+gives one platform's conda and pip lists; `conda`/`pip` are those of the first platform). A selector
+conda-lock does not know is refused naming file:line. Two things beyond what `conda env create` reads:
 - pip entries that are local paths ("./sub", relative to the file) are a user's own packages: not
   locked, installed by bin/provision with --no-deps (conda-lock cannot parse such a spec: this
   checkout's environment.yml has none, bin/provision installs the checkout in its own step);
@@ -12,7 +16,7 @@ One env per file, as in conda. Two things beyond what `conda env create` reads:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -23,6 +27,16 @@ from provision.paths import repo_root
 
 _LOCAL_PIP = re.compile(r"^(\.{1,2}(/.*)?|/.*|file:.*)$")
 _KNOWN_KEYS = {"name", "channels", "dependencies", "variables", "platforms", "prefix"}
+# conda-lock's platform selectors: the names each platform answers to (conda-build's names)
+SELECTORS = {
+    "linux-64": {"linux64", "unix", "linux"},
+    "linux-aarch64": {"aarch64", "unix", "linux"},
+    "linux-ppc64le": {"ppc64le", "unix", "linux"},
+    "osx-64": {"osx64", "osx", "unix"},
+    "osx-arm64": {"arm64", "osx", "unix"},
+    "win-64": {"win", "win64"},
+}
+_SELECTOR = re.compile(r"#[^#]*\[([^\[\]]+)\]\s*$")
 
 
 class SpecError(ValueError):
@@ -39,6 +53,15 @@ class EnvSpec:
     pip_local: list[Path] = field(default_factory=list)  # project paths installed with --no-deps
     variables: dict[str, str] = field(default_factory=dict)  # in file order
     platforms: list[str] = field(default_factory=lambda: ["linux-64"])
+    # per platform: (conda specs, pip requirements) after its selectors; empty: the same on every platform
+    selected: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+
+    def for_platform(self, platform: str) -> EnvSpec:
+        """This spec as conda-lock reads it for `platform`: only the lines its selectors keep."""
+        if platform not in self.selected:
+            return self
+        conda, pip = self.selected[platform]
+        return replace(self, conda=list(conda), pip=list(pip))
 
     def conda_names(self) -> set[str]:
         return {re.split(r"[\s=<>!~\[]", s, maxsplit=1)[0] for s in self.conda}
@@ -66,28 +89,38 @@ def default_spec() -> Path:
     return repo_root() / "environment.yml"
 
 
-def load_spec(path: Path | str | None = None) -> EnvSpec:
-    path = Path(path if path is not None else default_spec()).absolute()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such spec file; pass --file PATH to an environment.yml") from None
+def select_lines(path: Path, text: str, platform: str | None) -> str:
+    """`text` with the lines whose selector excludes `platform` removed (None: only validated); a
+    selector conda-lock would not apply (unknown name, an expression) is a SpecError naming file:line."""
+    known = set().union(*SELECTORS.values())
+    kept = []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = None if line.lstrip().startswith("#") else _SELECTOR.search(line)
+        if match is None:
+            kept.append(line)
+            continue
+        name = match.group(1).strip()
+        if name not in known:
+            raise SpecError(
+                f"{path}:{number}: selector [{name}] is not one conda-lock applies (it knows "
+                f"{', '.join(sorted(known))}, one name per line); write one line per platform"
+            )
+        if platform is None or name in SELECTORS.get(platform, set()):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+def _load_yaml(path: Path, text: str) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(path, exc) from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping with name/channels/dependencies at the top level")
-    unknown = set(data) - _KNOWN_KEYS
-    if unknown:
-        raise SpecError(f"{path}: unknown top-level keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise SpecError(f"{path}: `name:` must be an env name (letters, digits, . _ -), got {name!r}")
-    channels = data.get("channels") or []
-    if not channels or not all(isinstance(c, str) for c in channels):
-        raise SpecError(f"{path}: `channels:` must list at least one channel, e.g. [conda-forge]")
+    return data
 
+
+def _dependencies(path: Path, data: dict) -> tuple[list[str], list[str], list[Path]]:
     conda, pip, pip_local = [], [], []
     for dep in data.get("dependencies") or []:
         if isinstance(dep, str):
@@ -105,6 +138,40 @@ def load_spec(path: Path | str | None = None) -> EnvSpec:
         raise SpecError(f"{path}: `dependencies:` lists no conda packages")
     if (pip or pip_local) and "pip" not in {re.split(r"[\s=<>]", c)[0] for c in conda}:
         raise SpecError(f"{path}: a `pip:` section needs `pip` among the conda dependencies")
+    return conda, pip, pip_local
+
+
+def _platforms(path: Path, data: dict) -> list[str]:
+    platforms = data.get("platforms") or ["linux-64"]
+    if not isinstance(platforms, list) or not all(isinstance(p, str) for p in platforms):
+        raise SpecError(f"{path}: `platforms:` must list conda subdirs, e.g. [linux-64, linux-aarch64]")
+    unknown = [p for p in platforms if p not in SELECTORS]
+    if unknown:
+        raise SpecError(f"{path}: `platforms:` names {unknown}; known: {', '.join(SELECTORS)}")
+    return list(platforms)
+
+
+def load_spec(path: Path | str | None = None) -> EnvSpec:
+    path = Path(path if path is not None else default_spec()).absolute()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file; pass --file PATH to an environment.yml") from None
+    data = _load_yaml(path, select_lines(path, text, None))
+    unknown = set(data) - _KNOWN_KEYS
+    if unknown:
+        raise SpecError(f"{path}: unknown top-level keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise SpecError(f"{path}: `name:` must be an env name (letters, digits, . _ -), got {name!r}")
+    channels = data.get("channels") or []
+    if not channels or not all(isinstance(c, str) for c in channels):
+        raise SpecError(f"{path}: `channels:` must list at least one channel, e.g. [conda-forge]")
+    platforms = _platforms(path, data)
+    selected = {}
+    for platform in platforms:
+        conda, pip, pip_local = _dependencies(path, _load_yaml(path, select_lines(path, text, platform)))
+        selected[platform] = (tuple(conda), tuple(pip))
 
     variables = data.get("variables") or {}
     if not isinstance(variables, dict):
@@ -116,8 +183,8 @@ def load_spec(path: Path | str | None = None) -> EnvSpec:
             f"{path}: `variables:` sets {clash}, which bin/provision computes from the compiler packages "
             f"(absolute paths into the env); remove them"
         )
-    platforms = data.get("platforms") or ["linux-64"]
-    spec = EnvSpec(path, name, list(channels), conda, pip, pip_local, variables, list(platforms))
+    conda, pip = (list(x) for x in selected[platforms[0]])
+    spec = EnvSpec(path, name, list(channels), conda, pip, pip_local, variables, platforms, selected)
     spec.variable_entries()  # validates the variables now, naming the file
     return spec
 

@@ -61,6 +61,15 @@ class VirtualPackages:
         return out
 
 
+# conda's __archspec of each platform's generic CPU (what bin/provision assumes without a file)
+ARCHSPEC = {"linux-64": "x86_64", "linux-aarch64": "aarch64", "linux-ppc64le": "ppc64le"}
+
+
+def platform_default(platform: str) -> VirtualPackages:
+    """bin/provision's defaults for `platform`: ubuntu 22.04 workers, CUDA 13.0, its generic CPU."""
+    return VirtualPackages(archspec=ARCHSPEC.get(platform, platform.rsplit("-", 1)[-1]))
+
+
 def spec_document(by_platform: dict[str, VirtualPackages]) -> dict[str, Any]:
     """conda-lock's --virtual-package-spec document for `by_platform`."""
     return {"subdirs": {p: {"packages": v.as_dict()} for p, v in by_platform.items()}}

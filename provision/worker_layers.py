@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-LAYOUT_VERSION = "1"  # bump when the layer format or the hiding rules change
+LAYOUT_VERSION = "2"  # bump when the layer format or the hiding rules change
 
 # Packages a worker does not have. Matched against `dpkg-query -W` names (fnmatch).
 TOOLCHAIN_PACKAGE_PATTERNS = (
@@ -50,6 +50,9 @@ COMPILER_COMMAND_PATTERNS = (
     "clang", "clang++", "clang-[0-9]*", "clang++-*", "*-gcc", "*-gcc-*", "*-g++", "*-g++-*",
     "*-cc", "*-c++", "*-ld", "*-ld.*", "*-as", "nvcc", "ptxas", "tcc", "icc", "icx", "icpx", "zig",
 )  # fmt: skip
+# Commands a worker image lacks besides the compilers, hidden in every PATH directory too: `openssl`
+# (Inductor's CPU precompiled header runs `openssl sha512`; the env must carry its own).
+WORKER_ABSENT_COMMANDS = ("openssl",)
 # Standard PATH directories probed for compilers besides $PATH.
 STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -132,7 +135,7 @@ def plan_layers() -> dict:
         for entry in sorted(os.listdir(d)):
             full = os.path.join(d, entry)
             if not (
-                any(fnmatch.fnmatchcase(entry, p) for p in COMPILER_COMMAND_PATTERNS)
+                any(fnmatch.fnmatchcase(entry, p) for p in COMPILER_COMMAND_PATTERNS + WORKER_ABSENT_COMMANDS)
                 or _execs_into(full, hidden_roots)
             ):
                 continue

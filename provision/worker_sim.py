@@ -5,9 +5,11 @@ command runs in a private mount namespace (``unshare --mount``, propagation priv
 ``mount --make-rprivate /``) where ``/usr`` is a read-only overlay whose top layer whites out
 (character device 0:0) every file that ``dpkg -L`` lists for the toolchain and ``-dev`` packages,
 plus whole directories (``/usr/include``, ``/usr/lib/gcc``, ``/usr/libexec/gcc``,
-``/usr/local/include``, ``/usr/local/cuda*``) and the system ``libgomp.so.1``. Runtime libraries a
-worker does have (``libc.so.6``, ``libstdc++.so.6``, ``libgcc_s.so.1``) stay. Compiler-like commands
-in PATH directories outside ``/usr`` get the same treatment through one more overlay each.
+``/usr/local/include``, ``/usr/local/cuda*``), the system ``libgomp.so.1`` and the ``openssl``
+command (worker images may lack it; Inductor's CPU precompiled header runs ``openssl sha512``).
+Runtime libraries a worker does have (``libc.so.6``, ``libstdc++.so.6``, ``libgcc_s.so.1``) stay.
+Compiler-like commands in PATH directories outside ``/usr`` get the same treatment through one
+more overlay each.
 
 The whiteout layers are built once per machine into a cache (default
 ``~/.cache/lingbot-fixtures/worker-sim/<key>``, key = hash of the dpkg file lists and the hidden
@@ -33,7 +35,7 @@ from pathlib import Path
 from provision.worker_layers import STANDARD_PATH, ensure_layers, plan_layers
 
 # What must hold inside: absent / present.
-MUST_BE_ABSENT_COMMANDS = ("gcc", "cc", "g++", "c++", "ld", "as", "cpp")
+MUST_BE_ABSENT_COMMANDS = ("gcc", "cc", "g++", "c++", "ld", "as", "cpp", "openssl")
 MUST_BE_ABSENT_FILES = ("crt1.o", "libc.so", "libc_nonshared.a", "libgomp.so.1")
 MUST_BE_PRESENT_LIBS = ("libc.so.6", "libstdc++.so.6", "libgcc_s.so.1")
 MUST_BE_ABSENT_PATHS = ("/usr/include/stdio.h", "/usr/lib/gcc")

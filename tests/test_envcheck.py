@@ -26,7 +26,7 @@ from provision.check.table import TABLE, CheckSpec, run_table
 from provision.envvars import job_environment
 from provision.spec import load_spec
 from tests.support.channel import index_channel
-from tests.support.ninja_pkg import ninja_package
+from tests.support.ninja_pkg import ninja_package, openssl_package
 
 REPO = Path(__file__).resolve().parents[1]
 ENVCHECK = [sys.executable, "-m", "provision.check"]
@@ -41,11 +41,12 @@ class Envs:
 
 @pytest.fixture(scope="session")
 def ninja_channel(tmp_path_factory) -> Path:
-    """A channel with `ninja` (Debian's ninja-build binary), torch.utils.cpp_extension's build tool."""
+    """A channel with `ninja` (Debian's ninja-build binary), torch.utils.cpp_extension's build tool, and
+    `openssl` (Debian's binary), which Inductor's CPU precompiled header runs."""
     channel = tmp_path_factory.mktemp("ninja-channel")
     (channel / "linux-64").mkdir()
-    pkg = ninja_package()
-    shutil.copy2(pkg, channel / "linux-64" / pkg.name)
+    for pkg in (ninja_package(), openssl_package()):
+        shutil.copy2(pkg, channel / "linux-64" / pkg.name)
     index_channel(channel)
     return channel
 
@@ -57,7 +58,7 @@ def envs(toolchain_channel, ninja_channel, tmp_path_factory) -> Envs:
     prefixes = {}
     for kind, deps, channels in (
         ("bare", ["lingbot-probe"], [toolchain_channel]),
-        ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64", "ninja"],
+        ("tool", ["lingbot-probe", "gcc_linux-64", "gxx_linux-64", "sysroot_linux-64", "ninja", "openssl"],
          [toolchain_channel, ninja_channel]),
     ):  # fmt: skip
         spec_dir = root / kind
@@ -392,6 +393,9 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
     cpp = checks["compile.cpp_extension"]  # torch.utils.cpp_extension's JIT (gymtorch) has no compiler either
     assert cpp["status"] == FAIL and "the env lacks gxx_linux-64" in cpp["fix"], cpp
     assert checks["node.glibc"]["status"] == FAIL and "sysroot_linux-64" in checks["node.glibc"]["fix"]
+    ssl = checks["toolchain.openssl"]  # the worker image has no openssl; Inductor's PCH runs `openssl sha512`
+    assert ssl["status"] == FAIL and "no openssl on the job's PATH" in ssl["message"], ssl
+    assert "the env lacks openssl: add it to environment.yml, relock" in ssl["fix"], ssl
     for name in GPU_CHECKS:  # CPU-only node: SKIP with the reason, never PASS
         assert checks[name]["status"] == SKIP and "CPU-only node" in checks[name]["message"]
     summary = proc.stdout.strip().splitlines()[-1]
@@ -439,6 +443,8 @@ def test_worker_with_toolchain_passes_not_activated(worker, envs, worker_env, tm
     assert checks["compile.inductor_cpp"]["details"]["kernels_with_openmp"] >= 1
     assert checks["compile.flex_attention"]["details"]["forward_max_abs_error"] < 1e-4
     assert all(inside(p, envs.tool) for p in checks["toolchain.sysroot"]["details"]["files"].values())
+    ssl = checks["toolchain.openssl"]  # found on the scrubbed PATH, in the env (the system's is hidden)
+    assert ssl["status"] == PASS and inside(ssl["details"]["openssl"], envs.tool), ssl
     for name in GPU_CHECKS:
         assert checks[name]["status"] == SKIP
     assert proc.stdout.strip().splitlines()[-1].startswith("envcheck: OK: lingbot-test-tool")

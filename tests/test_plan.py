@@ -53,6 +53,27 @@ def test_gpu_table_has_sources_and_feeds_the_mfu_table():
 
 
 @pytest.mark.fast
+def test_grace_nodes_name_the_aarch64_platform_in_the_plan():
+    from trainer.plan.report import format_plan
+
+    for name in ("GB200", "GH200"):
+        assert gpu_kind(name).platform == "linux-aarch64"
+    for name in ("B200", "H200", "H100", "A100"):
+        assert gpu_kind(name).platform == "linux-64"
+    assert match_device_name("NVIDIA GH200 480GB").name == "GH200"  # not H200
+    plan = estimate.Plan(
+        "furniture_train", 2, 1, "cuda", "flex", "bf16", "full", 10, 10, 100, 1, 1, 1, 0.1,
+        {"total": 2**30}, "traced", 1.0, 1.0, 1.0, 1, 1, 1.0, 1, 0.0,
+    )  # fmt: skip
+    plan.kinds = [estimate.KindPlan(gpu_kind(n).name, 1e11, 9e10, True, 1.0, 1.0, 1.0, 1.0, "", "")
+                  for n in ("GH200", "B200")]  # fmt: skip
+    text = format_plan(plan)
+    assert "env platform: linux-64, linux-aarch64" in text
+    assert "GH200 nodes have a Grace CPU: platform linux-aarch64" in text
+    assert "--platform linux-aarch64" in text and "B200 nodes" not in text
+
+
+@pytest.mark.fast
 def test_comm_bytes_follow_the_fsdp2_settings():
     cfg = tiny()
     counts = (1000, 900, 800, 760, 0.0)  # all, trained, in blocks, trained in blocks

@@ -1,13 +1,18 @@
 """The `libero` and `robotwin` presets (trainer/config/presets/): each loads at both scales and passes the
-rules; the values they take from upstream LingBot-VA equal upstream's (hard-coded below, with the file and
-field they come from); the CPU scale keeps the benchmark's geometry; and (heavy) `bin/train PRESET 1` runs a
-tiny CPU-scale run to completion on a LeRobot dataset in that benchmark's layout written by lerobot itself
+rules; they equal upstream LingBot-VA's values as read from upstream's own files at commit 58c2ae5
+(tests/fixtures/upstream_presets_58c2ae5.json: each value with its file and line, made by
+tests/support/upstream_presets.py), except the deliberate differences the fixture lists with their reasons;
+the clip lengths the YAML states are the project's own rule's (trainer/data/short.py clip_frames); the CPU
+scale keeps the benchmark's geometry; and (heavy) `bin/train PRESET 1` runs a tiny CPU-scale run to
+completion on a LeRobot dataset in that benchmark's layout written by lerobot itself
 (tests/support/presets_data.py, shared with the serving tests)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,107 +20,19 @@ import pytest
 from tests.support import runs
 from tests.support.lerobot_write import libero_row, robotwin_row
 from tests.support.presets_data import LAYOUTS, STEPS, trained, written_actions
-from trainer.config import config_from_dict, load_config
+from trainer.config import CONFIG_DIR, config_from_dict, load_config
 from trainer.config.rules import violations
+from trainer.data.short import clip_frames
 
 PRESETS = ("libero", "robotwin")
-VAE_SPATIAL = 16  # the Wan2.2 VAE's spatial factor: pixels per latent cell
-
-# Upstream LingBot-VA at 58c2ae5 (github.com/robbyant/lingbot-va; public config values), per preset:
-# {dotted RunConfig key: (upstream value, "file field")}.
-UPSTREAM = {
-    "libero": {
-        "model.action_dim": (30, "va_libero_cfg.py action_dim"),
-        "model.action_used": (len(range(0, 7)), "va_libero_cfg.py len(used_action_channel_ids)"),
-        "model.patch_t": (1, "shared_config.py patch_size[0]"),
-        "model.patch": (2, "shared_config.py patch_size[1:]"),
-        "model.latent_size": (128 // VAE_SPATIAL, "va_libero_cfg.py height 128 / 16"),
-        "model.latent_width": (0, "va_libero_cfg.py width 128 = height: square (0)"),
-        "data.cameras": (
-            ["observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb"],
-            "va_libero_cfg.py obs_cam_keys",
-        ),
-        "data.layout": ("side_by_side", "va_libero_cfg.py env_type 'none'"),
-        "data.action_slots": (list(range(0, 7)), "va_libero_cfg.py used_action_channel_ids"),
-        "data.relative_poses": ([], "lerobot_latent_dataset.py: get_relative_pose only for robotwin_tshape"),
-        "data.actions_per_frame": (4, "va_libero_cfg.py action_per_frame"),
-        "data.actions_per_video_frame": (1, "lerobot_latent_dataset.py frame_stride (LIBERO: 1)"),
-        "recipe.video_shift": (5.0, "va_libero_cfg.py snr_shift"),
-        "recipe.action_shift": (0.05, "va_libero_cfg.py action_snr_shift"),
-        "recipe.text_dropout": (0.1, "va_libero_train_cfg.py cfg_prob"),
-        "infer.frames_per_chunk": (4, "va_libero_cfg.py frame_chunk_size"),
-        "infer.window": (30, "va_libero_cfg.py attn_window"),
-        "infer.video_steps": (20, "va_libero_cfg.py num_inference_steps"),
-        "infer.action_steps": (50, "va_libero_cfg.py action_num_inference_steps"),
-        "infer.video_shift": (5.0, "va_libero_cfg.py snr_shift"),
-        "infer.action_shift": (0.05, "va_libero_cfg.py action_snr_shift"),
-        "infer.guidance": (5.0, "va_libero_cfg.py guidance_scale"),
-        "infer.action_guidance": (1.0, "va_libero_cfg.py action_guidance_scale"),
-        "infer.video_exec_step": (-1, "va_libero_cfg.py video_exec_step"),
-        "train.lr": (1e-5, "va_libero_train_cfg.py learning_rate"),
-        "train.betas": ([0.9, 0.95], "va_libero_train_cfg.py beta1, beta2"),
-        "train.weight_decay": (0.1, "va_libero_train_cfg.py weight_decay"),
-        "train.warmup_steps": (10, "va_libero_train_cfg.py warmup_steps"),
-        "train.batch_size": (1, "va_libero_train_cfg.py batch_size"),
-        "train.grad_accum": (10, "va_libero_train_cfg.py gradient_accumulation_steps"),
-        "train.steps": (5000, "va_libero_train_cfg.py num_steps"),
-        "train.grad_clip": (2.0, "train.py clip_grad_norm_(..., 2.0)"),
-        "checkpoint.every": (200, "va_libero_train_cfg.py save_interval"),
-    },
-    "robotwin": {
-        "model.action_dim": (30, "va_robotwin_cfg.py action_dim"),
-        "model.action_used": (16, "va_robotwin_cfg.py len(used_action_channel_ids)"),
-        "model.patch_t": (1, "shared_config.py patch_size[0]"),
-        "model.patch": (2, "shared_config.py patch_size[1:]"),
-        "model.latent_size": (256 // VAE_SPATIAL, "va_robotwin_cfg.py height 256 / 16"),
-        "model.latent_width": (320 // VAE_SPATIAL, "va_robotwin_cfg.py width 320 / 16"),
-        "data.cameras": (
-            [
-                "observation.images.cam_high",
-                "observation.images.cam_left_wrist",
-                "observation.images.cam_right_wrist",
-            ],
-            "va_robotwin_cfg.py obs_cam_keys",
-        ),  # fmt: skip
-        "data.layout": ("tshape", "va_robotwin_cfg.py env_type 'robotwin_tshape'"),
-        "data.action_slots": (
-            list(range(0, 7)) + list(range(28, 29)) + list(range(7, 14)) + list(range(29, 30)),
-            "va_robotwin_cfg.py used_action_channel_ids",
-        ),
-        "data.relative_poses": (
-            [0, 8],
-            "lerobot_latent_dataset.py get_relative_pose(action[:, :7]), [:, 8:15]",
-        ),
-        "data.actions_per_frame": (16, "va_robotwin_cfg.py action_per_frame"),
-        "data.actions_per_video_frame": (4, "lerobot_latent_dataset.py frame_stride (RoboTwin: 4)"),
-        "recipe.video_shift": (5.0, "va_robotwin_cfg.py snr_shift"),
-        "recipe.action_shift": (1.0, "va_robotwin_cfg.py action_snr_shift"),
-        "recipe.text_dropout": (0.1, "va_robotwin_train_cfg.py cfg_prob"),
-        "infer.frames_per_chunk": (2, "va_robotwin_cfg.py frame_chunk_size"),
-        "infer.window": (72, "va_robotwin_cfg.py attn_window"),
-        "infer.video_steps": (25, "va_robotwin_cfg.py num_inference_steps"),
-        "infer.action_steps": (50, "va_robotwin_cfg.py action_num_inference_steps"),
-        "infer.video_shift": (5.0, "va_robotwin_cfg.py snr_shift"),
-        "infer.action_shift": (1.0, "va_robotwin_cfg.py action_snr_shift"),
-        "infer.guidance": (5.0, "va_robotwin_cfg.py guidance_scale"),
-        "infer.action_guidance": (1.0, "va_robotwin_cfg.py action_guidance_scale"),
-        "infer.video_exec_step": (-1, "va_robotwin_cfg.py video_exec_step"),
-        "train.lr": (1e-5, "va_robotwin_train_cfg.py learning_rate"),
-        "train.betas": ([0.9, 0.95], "va_robotwin_train_cfg.py beta1, beta2"),
-        "train.weight_decay": (0.1, "va_robotwin_train_cfg.py weight_decay"),
-        "train.warmup_steps": (10, "va_robotwin_train_cfg.py warmup_steps"),
-        "train.batch_size": (1, "va_robotwin_train_cfg.py batch_size"),
-        "train.grad_accum": (1, "va_robotwin_train_cfg.py gradient_accumulation_steps"),
-        "train.steps": (50000, "va_robotwin_train_cfg.py num_steps"),
-        "train.grad_clip": (2.0, "train.py clip_grad_norm_(..., 2.0)"),
-        "checkpoint.every": (1000, "va_robotwin_train_cfg.py save_interval"),
-    },
-}
+FIXTURE = Path(__file__).parent / "fixtures" / "upstream_presets_58c2ae5.json"
+UPSTREAM = json.loads(FIXTURE.read_text())
+TEMPORAL = UPSTREAM["source"]["vae_factors"]["temporal"]  # the Wan2.2 VAE's 4 video frames per latent frame
 # What the CPU scale keeps of the benchmark (the data's and the served actions' geometry), besides the
 # sampling settings: everything under data.* here, infer.*, recipe.* (only sizes and the run length shrink)
 KEPT_AT_CPU_SCALE = (
     "data.cameras", "data.layout", "data.action_map", "data.action_slots", "data.relative_poses",
-    "data.actions_per_frame", "data.actions_per_video_frame", "data.format", "data.normalize",
+    "data.actions_per_frame", "data.actions_per_video_frame", "data.format",
     "model.action_dim", "model.action_used", "model.patch", "recipe.video_shift", "recipe.action_shift",
     "infer.frames_per_chunk", "infer.window", "infer.action_shift",
 )  # fmt: skip
@@ -128,6 +45,28 @@ def _value(cfg, key: str):
     return target
 
 
+def _same(ours, theirs) -> bool:
+    if isinstance(theirs, list):
+        return isinstance(ours, list) and len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    if isinstance(theirs, float) or isinstance(ours, float):
+        return math.isclose(float(ours), float(theirs), rel_tol=1e-12, abs_tol=0.0)
+    return bool(ours == theirs)
+
+
+def _differences(cfg, preset: str, scale: str) -> dict:
+    fixture = UPSTREAM["presets"][preset]
+    excepted = fixture["exceptions"][scale]
+    return {
+        key: {
+            "ours": _value(cfg, key),
+            "upstream": entry["value"],
+            "where": f"{entry['file']}:{entry['line']}",
+        }
+        for key, entry in fixture["values"].items()
+        if key not in excepted and not _same(_value(cfg, key), entry["value"])
+    }
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("cpu_scale", [False, True])
@@ -136,7 +75,10 @@ def test_preset_loads_and_passes_the_rules(preset, cpu_scale):
     assert cfg.name == preset and cfg.data.dataset == preset
     assert violations(cfg) == []
     assert cfg.data.format == "lerobot" and cfg.data.generate_if_missing is False
-    assert cfg.data.normalize == "fit" and cfg.data.action_map == ["action"]
+    assert cfg.data.action_map == ["action"]
+    # full scale: upstream's fixed statistics and the released folder's encoders; CPU scale: fitted, stand-ins
+    want = ("fit", "patch_mean") if cpu_scale else ("fixed", "wan_vae")
+    assert (cfg.data.normalize, cfg.data.encoder) == want
     # a --set on top still goes through the same rules
     assert load_config(preset, cpu_scale=cpu_scale, overrides={"data.path": "/elsewhere"}).data.path == (
         "/elsewhere"
@@ -144,20 +86,50 @@ def test_preset_loads_and_passes_the_rules(preset, cpu_scale):
 
 
 @pytest.mark.fast
+def test_the_fixture_names_its_source_for_every_value():
+    assert (
+        UPSTREAM["source"]["commit"].startswith("58c2ae5")
+        and "upstream_presets.py" in (UPSTREAM["source"]["made_by"])
+    )
+    for preset in PRESETS:
+        fixture = UPSTREAM["presets"][preset]
+        for key, entry in fixture["values"].items():
+            assert entry["file"].startswith("wan_va/") and entry["line"] >= 1 and entry["upstream"], key
+        for scale, excepted in fixture["exceptions"].items():
+            assert scale in ("full", "cpu_scale") and all(len(why) > 15 for why in excepted.values()), scale
+
+
+@pytest.mark.fast
 @pytest.mark.parametrize("preset", PRESETS)
-def test_upstream_values_are_upstreams(preset):
+def test_full_scale_is_upstreams_but_for_the_listed_exceptions(preset):
     cfg = load_config(preset, cpu_scale=False)
-    wrong = {
-        key: (_value(cfg, key), value, source)
-        for key, (value, source) in UPSTREAM[preset].items()
-        if not (
-            _value(cfg, key) == value
-            if not isinstance(value, float)
-            else math.isclose(_value(cfg, key), value, rel_tol=1e-12)
-        )
-    }
-    assert wrong == {}, "preset value != upstream's (key: (ours, upstream's, where)): " + json.dumps(wrong)
+    wrong = _differences(cfg, preset, "full")
+    assert wrong == {}, "preset value != upstream's, and not a listed exception: " + json.dumps(wrong)
     assert cfg.model.pretrained == "models/lingbot-va-base" and cfg.data.path == f"data/{preset}"
+    # the encoders are the released folder's own, as upstream's server loads them (<pretrained>/vae, ...)
+    root = (Path(CONFIG_DIR).parents[2] / cfg.model.pretrained).resolve()
+    assert (Path(cfg.data.vae_path), Path(cfg.data.text_encoder)) == (root / "vae", root / "text_encoder")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cpu_scale_is_upstreams_but_for_the_listed_exceptions(preset):
+    cpu = load_config(preset, cpu_scale=True)
+    wrong = _differences(cpu, preset, "cpu_scale")
+    assert wrong == {}, "CPU-scale value != upstream's, and not a listed exception: " + json.dumps(wrong)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_clip_lengths_the_yaml_states_are_the_rules(preset):
+    """Every `N latent frames ... = R rows` the preset's comments state is clip_frames' (1 + a t (N - 1))."""
+    text = " ".join(
+        line.split("#", 1)[-1] for line in (CONFIG_DIR / f"{preset}.yaml").read_text().splitlines()
+    )
+    stated = [(int(n), int(r)) for n, r in re.findall(r"(\d+) latent frames[^#]*?= (\d+) rows", text)]
+    per_video = load_config(preset, cpu_scale=False).data.actions_per_video_frame
+    assert len(stated) == 2, stated  # the full scale's clip and the CPU scale's
+    assert stated == [(n, clip_frames(n, TEMPORAL, per_video)) for n, _ in stated]
 
 
 @pytest.mark.fast
@@ -169,14 +141,14 @@ def test_cpu_scale_keeps_the_benchmark_geometry(preset):
     assert cpu.train.steps < full.train.steps and cpu.data.path == f"data/{preset}_cpu"
     # the encoder's temporal factor (N / actions per video frame) is the Wan2.2 VAE's 4 at both scales
     for cfg in (full, cpu):
-        assert cfg.data.actions_per_frame // cfg.data.actions_per_video_frame == 4
+        assert cfg.data.actions_per_frame // cfg.data.actions_per_video_frame == TEMPORAL
     # the per-view aspect of the full scale (LIBERO square; RoboTwin 16 x 20 -> 8 x 10)
     aspect = (full.model.latent_width or full.model.latent_size) / full.model.latent_size
     assert (cpu.model.latent_width or cpu.model.latent_size) / cpu.model.latent_size == aspect
-    # one CPU-scale clip fits an episode of the test datasets (tests/support/presets_data.py LAYOUTS)
-    per_video, t = cpu.data.actions_per_video_frame, 4
-    rows = (1 + t * (cpu.data.frames - 1)) * per_video + (1 if per_video > 1 else 0)
-    assert LAYOUTS[preset].length >= rows
+    # one CPU-scale clip fits an episode of the test datasets (tests/support/presets_data.py LAYOUTS),
+    # by the rule the data stream applies (trainer/data/short.py), not a restatement of it
+    rows = clip_frames(cpu.data.frames, TEMPORAL, cpu.data.actions_per_video_frame)
+    assert LAYOUTS[preset].length >= rows == {"libero": 13, "robotwin": 49}[preset]
 
 
 @pytest.mark.fast
@@ -205,7 +177,7 @@ def test_bin_train_runs_the_preset_on_its_layout(preset, tmp_path_factory, prefl
     assert summary["data"]["layout"].startswith("LeRobot v2.1")
     layout = LAYOUTS[preset]
     assert summary["data"]["used"] == layout.episodes
-    assert summary["data"]["cameras"] == UPSTREAM[preset]["data.cameras"][0]
+    assert summary["data"]["cameras"] == UPSTREAM["presets"][preset]["values"]["data.cameras"]["value"]
     losses = runs.losses_by_step(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert all(math.isfinite(x) for pair in losses.values() for x in pair)
@@ -214,7 +186,9 @@ def test_bin_train_runs_the_preset_on_its_layout(preset, tmp_path_factory, prefl
     assert math.isfinite(held["latent_loss"]) and math.isfinite(held["action_loss"])
     assert runs.complete_steps(run_dir)[-1] == STEPS and (run_dir / "checkpoints" / "best").exists()
     actions = written_actions(data_dir)
-    assert actions["action__0"].shape[1] == len(UPSTREAM[preset]["data.action_slots"][0])
+    assert actions["action__0"].shape[1] == len(
+        UPSTREAM["presets"][preset]["values"]["data.action_slots"]["value"]
+    )
     # the ranks ran the preset's CPU scale: its geometry as loaded here (one attempt's config.json)
     (attempt,) = sorted((run_dir / "attempts").glob("*/config.json"))
     ran = config_from_dict(json.loads(attempt.read_text()), str(attempt))

@@ -127,8 +127,7 @@ def _eval_data(trained):
 def _expected(model, cfg, data, index: int, prompt: str, episode: int, chunks: int) -> list[np.ndarray]:
     """ChunkSampler's actions for episode `index` of the data, as the e-th episode of a session."""
     from trainer.data.encoding.text import make_text_encoder
-    from trainer.evaluation.openloop import _seeded
-    from trainer.sampling.sampler import ChunkSampler, to_robot_units
+    from trainer.sampling.sampler import ChunkSampler, seeded, to_robot_units
     from trainer.serving.protocol import action_layout
 
     emb, _ = make_text_encoder(cfg).embed(prompt)
@@ -138,7 +137,7 @@ def _expected(model, cfg, data, index: int, prompt: str, episode: int, chunks: i
     out = []
     with torch.no_grad():
         for k in range(chunks):
-            chunk = sampler.sample(lat[0] if k == 0 else None, generator=_seeded(0, episode, k))
+            chunk = sampler.sample(lat[0] if k == 0 else None, generator=seeded(0, episode, k))
             out.append(action_layout(to_robot_units(chunk.actions, data.normalizer, data.slots), F, n))
             sampler.observe(lat[k * F : (k + 1) * F], act[k * F * n : (k + 1) * F * n])
     return out

@@ -93,6 +93,29 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
 
 
 @pytest.mark.fast
+def test_repo_lock_holds_each_platforms_own_compilers_wheels_and_virtual_packages():
+    """Grace nodes (linux-aarch64) in the same lock: their compilers, sysroot, openssl, aarch64 wheels."""
+    spec = load_spec(REPO / "environment.yml")
+    lock_path = REPO / "conda-lock.yml"
+    for platform, arch, gcc in (("linux-64", "x86_64", "13."), ("linux-aarch64", "aarch64", "12.")):
+        header = check_lock(spec, lock_path, platform, log=lambda _: None)
+        vp = header.recorded_vpkgs_for(platform)
+        assert vp is not None and vp.archspec == arch
+        assert content_hash(spec, platform, vp) == header.content_hash[platform]
+        assert content_hash(spec, platform, REPO / "virtual-packages.yml") == header.content_hash[platform]
+        conda = {p.name: p for p in header.for_platform(platform, "conda")}
+        assert conda[f"gcc_{platform}"].version.startswith(gcc) and f"gxx_{platform}" in conda
+        assert conda[f"sysroot_{platform}"].version == "2.17" and "openssl" in conda
+        other = "linux-aarch64" if platform == "linux-64" else "linux-64"
+        assert not any(other in name for name in conda), sorted(conda)
+        assert all(p.subdir in (platform, "noarch") for p in conda.values())
+        pip = {p.name: p for p in header.for_platform(platform, "pip")}
+        assert pip["torch"].version == "2.13.0" and pip["triton"].version == "3.7.1"
+        for p in pip.values():  # every binary wheel is this platform's
+            assert p.file_name.endswith(("-none-any.whl", f"_{arch}.whl")), (platform, p.file_name)
+
+
+@pytest.mark.fast
 def test_spec_declares_settings_and_the_project(tmp_path):
     spec = load_spec(REPO / "environment.yml")
     assert spec.name == "lingbot-b200"

@@ -5,7 +5,7 @@ torch.utils.cpp_extension's JIT (load_inline with torch headers, ninja, the env'
 from __future__ import annotations
 
 from provision import probes
-from provision.check.context import COMPILER_PACKAGES, Context, Outcome, inside, short_error
+from provision.check.context import Context, Outcome, inside, short_error
 from provision.check.report import FAIL, PASS, WARN
 
 
@@ -25,7 +25,7 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
             FAIL,
             f"{what} would use {compiler} ({real}), which is not in the env: it passes here only thanks to "
             f"the system compiler, and a worker has none",
-            var_fix or ctx.package_fix(COMPILER_PACKAGES[var]),
+            var_fix or ctx.package_fix(ctx.compiler_package(var)),
             details,
         )
     if not run.ok:
@@ -42,7 +42,7 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
         return Outcome(
             WARN,
             f"{passed}, but with {real}, a system compiler: a worker has none (run with --worker)",
-            var_fix or ctx.package_fix(COMPILER_PACKAGES[var]),
+            var_fix or ctx.package_fix(ctx.compiler_package(var)),
             details,
         )
     return Outcome(PASS, passed, "", details)

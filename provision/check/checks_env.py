@@ -1,17 +1,20 @@
 """Checks of the env itself: it exists, is complete, matches its lock, runs the locked versions, and
-gives a job the variables it promises (CC/CXX into the env, the env's sysroot)."""
+gives a job the variables it promises (CC/CXX into the env, the env's sysroot), and the `openssl`
+command Inductor's CPU precompiled header runs, found on the job's PATH."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from provision.check.context import COMPILER_PACKAGES, Context, Outcome, inside, short_error
-from provision.check.report import FAIL, PASS, SKIP
+from provision.check.context import Context, Outcome, inside, short_error
+from provision.check.report import FAIL, PASS, SKIP, WARN
 from provision.envvars import EnvVarsError, env_vars_path, expand, read_env_vars
 from provision.lockfile import LockFile
 from provision.prefix import completeness
@@ -159,7 +162,7 @@ def check_variables_file(ctx: Context) -> Outcome:
 
 def check_compiler_var(ctx: Context, var: str) -> Outcome:
     env = ctx.job_env
-    package = COMPILER_PACKAGES[var]
+    package = ctx.compiler_package(var)
     value = env.get(var)
     if not value:
         return Outcome(
@@ -201,6 +204,46 @@ def check_sysroot(ctx: Context) -> Outcome:
             [f"cannot find {m}" for m in missing] + [f"links {o}, outside the env" for o in outside]
         )
         return Outcome(
-            FAIL, f"{what}: a worker has no such files", ctx.package_fix("sysroot_linux-64"), {"files": found}
+            FAIL,
+            f"{what}: a worker has no such files",
+            ctx.package_fix(ctx.sysroot_package),
+            {"files": found},
         )
     return Outcome(PASS, "crt1.o, libc.so, libstdc++.so all from the env's sysroot", "", {"files": found})
+
+
+def check_openssl(ctx: Context) -> Outcome:
+    """TorchInductor's CPU precompiled header hashes its preprocessed header with `openssl sha512`
+    (torch/_inductor/codecache.py, by name on PATH): a job without one fails with FileNotFoundError."""
+    env = ctx.job_env
+    found = shutil.which("openssl", path=env.get("PATH", ""))
+    why = "TorchInductor's CPU precompiled header runs `openssl sha512`"
+    if found is None:
+        return Outcome(
+            FAIL,
+            f"no openssl on the job's PATH ({env.get('PATH', '')}): {why} and fails with FileNotFoundError",
+            ctx.package_fix("openssl"),
+        )
+    real = os.path.realpath(found)
+    with tempfile.NamedTemporaryFile("w", suffix=".h") as header:
+        header.write("#include <vector>\n")
+        header.flush()
+        proc = subprocess.run(
+            ["openssl", "sha512", header.name], env=env, capture_output=True, text=True, timeout=60
+        )
+    digest = proc.stdout.split()[-1] if proc.stdout.split() else ""
+    if proc.returncode != 0 or not re.fullmatch(r"[0-9a-f]{128}", digest):
+        return Outcome(
+            FAIL,
+            f"{found} sha512 failed (exit {proc.returncode}): {short_error(proc.stderr or proc.stdout)}",
+            ctx.package_fix("openssl"),
+            {"openssl": real},
+        )
+    if not inside(real, ctx.prefix) and not (ctx.compile_as_caller and ctx.job.how.startswith("the caller")):
+        return Outcome(
+            WARN,
+            f"openssl is {real}, the system's: worker images may have none ({why})",
+            ctx.package_fix("openssl"),
+            {"openssl": real},
+        )
+    return Outcome(PASS, f"openssl sha512 works with {real} ({why})", "", {"openssl": real})

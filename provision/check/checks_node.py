@@ -206,8 +206,8 @@ def check_glibc(ctx: Context) -> Outcome:
     if sysroot is None:
         return Outcome(
             FAIL,
-            "the env has no sysroot_linux-64: nothing fixes the glibc its builds target",
-            ctx.package_fix("sysroot_linux-64"),
+            f"the env has no {ctx.sysroot_package}: nothing fixes the glibc its builds target",
+            ctx.package_fix(ctx.sysroot_package),
         )
     if node is None:
         return Outcome(
@@ -218,7 +218,7 @@ def check_glibc(ctx: Context) -> Outcome:
         return Outcome(
             FAIL,
             text + ": code built in the env will not load here",
-            f"lock an older sysroot_linux-64 (<= {node}) in environment.yml, relock, provision",
+            f"lock an older {ctx.sysroot_package} (<= {node}) in environment.yml, relock, provision",
         )
     return Outcome(PASS, text)
 

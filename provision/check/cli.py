@@ -21,18 +21,45 @@ from provision.jsonout import JsonRequest, outcome, run_click
 from provision.prefix import resolve_prefix
 
 
-def _simulate(params: dict) -> int:
-    from provision import worker_sim
+def _simulate_aarch64(params: dict, argv: list[str]) -> int:
+    """--simulate-worker --platform linux-aarch64 on an x86 host: the env's own (aarch64) python runs
+    envcheck --worker chrooted in an emulated compiler-less arm64 root (provision/emulation.py)."""
+    from provision import emulation
 
-    ok, reason = worker_sim.available()
-    if not ok:
+    prefix = Path(os.path.realpath(resolve_prefix(name=params["env_name"], prefix=params["prefix"])))
+    python = prefix / "bin" / "python"
+    try:
+        machine = Path(os.path.realpath(python)).read_bytes()[18:20].hex()
+    except OSError:
+        machine = ""
+    if machine != "b700":
         click.echo(
-            f"envcheck: --simulate-worker: {reason}. Run `bin/envcheck --worker` on a worker instead "
-            f"(e.g. srun -N1 bin/envcheck --worker).",
+            f"envcheck: --simulate-worker --platform linux-aarch64: {python} is not an aarch64 program "
+            f"({'missing' if not machine else 'ELF machine ' + machine}); provision the aarch64 env first: "
+            f"bin/provision lingbot-b200 --platform linux-aarch64 --prefix {prefix}",
             err=True,
         )
         return 2
-    sim = worker_sim.WorkerSimulation()
+    cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
+    try:
+        qemu, root = emulation.qemu_root(cache / "emulation"), emulation.arm64_root(cache / "emulation")
+        click.echo(
+            f"envcheck: re-running in an emulated aarch64 worker ({root}): {' '.join(argv[1:])}", err=True
+        )
+        with emulation.binfmt(qemu):
+            binds = [prefix, Path(os.path.realpath(Path(__file__).parents[2]))]
+            inner = ["/usr/bin/env", "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}", str(python), *argv[1:]]
+            return subprocess.run(
+                emulation.chroot_command(root, inner, binds), stdin=subprocess.DEVNULL
+            ).returncode
+    except emulation.EmulationError as exc:
+        click.echo(f"envcheck: --simulate-worker --platform linux-aarch64: {exc}", err=True)
+        return 2
+
+
+def _simulate(params: dict) -> int:
+    from provision import worker_sim
+
     argv = [sys.executable, "-m", "provision.check", "--worker"]
     for flag, key in (("--fast", "fast"), ("--json", "as_json")):
         if params[key]:
@@ -46,6 +73,22 @@ def _simulate(params: dict) -> int:
     ):
         if params[key] is not None:
             argv += [option, str(params[key])]
+    from provision.lock import current_platform
+
+    if params["platform"] and params["platform"] != current_platform():
+        if params["platform"] != "linux-aarch64":
+            click.echo(f"envcheck: --platform {params['platform']}: only linux-aarch64 is emulated", err=True)
+            return 2
+        return _simulate_aarch64(params, argv)
+    ok, reason = worker_sim.available()
+    if not ok:
+        click.echo(
+            f"envcheck: --simulate-worker: {reason}. Run `bin/envcheck --worker` on a worker instead "
+            f"(e.g. srun -N1 bin/envcheck --worker).",
+            err=True,
+        )
+        return 2
+    sim = worker_sim.WorkerSimulation()
     click.echo(
         f"envcheck: re-running inside the worker simulation ({sim.hidden_count} toolchain paths "
         f"hidden): {' '.join(argv[1:])}",
@@ -84,6 +127,11 @@ def _simulate(params: dict) -> int:
 @click.option(
     "--simulate-worker", is_flag=True, help="Re-run with --worker inside the worker simulation (needs root)."
 )
+@click.option(
+    "--platform",
+    default=None,
+    help="With --simulate-worker: the env's platform; linux-aarch64 on x86 runs an emulated aarch64 worker.",
+)
 @click.option("--fast", is_flag=True, help="bin/train's preflight subset: compilers, caches, node (seconds).")
 @click.option(
     "--lockfile",
@@ -95,7 +143,9 @@ def _simulate(params: dict) -> int:
     type=click.Path(exists=True, dir_okay=False),
     help="Mount table to read instead of /proc/self/mountinfo.",
 )
-def main(env_name, prefix, worker, as_json, json_file, simulate_worker, fast, lockfile, mountinfo) -> None:
+def main(
+    env_name, prefix, worker, as_json, json_file, simulate_worker, platform, fast, lockfile, mountinfo
+) -> None:
     """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
     if env_name and prefix:
         raise click.UsageError("give --env NAME or --prefix PATH, not both")

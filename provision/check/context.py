@@ -31,7 +31,16 @@ from provision.paths import RepoRootError, repo_root
 from provision.prefix import DEFAULT_ENV_NAME, envs_dir, read_manifest
 
 WORKER_PATH = "/usr/bin:/bin"  # what a batch job's non-login shell starts with
-COMPILER_PACKAGES = {"CC": "gcc_linux-64", "CXX": "gxx_linux-64"}
+
+
+def compiler_package(platform: str, var: str) -> str:
+    """conda-forge's package that provides `var` (CC/CXX) for `platform`: gcc_linux-aarch64, gxx_linux-64."""
+    return f"{'gcc' if var == 'CC' else 'gxx'}_{platform}"
+
+
+def sysroot_package(platform: str) -> str:
+    """conda-forge's glibc sysroot for `platform`: sysroot_linux-64, sysroot_linux-aarch64."""
+    return f"sysroot_{platform}"
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,17 @@ class Context:
 
     @property
     def platform(self) -> str:
-        return str(self.manifest.get("platform") or "linux-64")
+        """The platform the env was provisioned for (its manifest), else this machine's."""
+        from provision.lock import current_platform
+
+        return str(self.manifest.get("platform") or current_platform())
+
+    def compiler_package(self, var: str) -> str:
+        return compiler_package(self.platform, var)
+
+    @property
+    def sysroot_package(self) -> str:
+        return sysroot_package(self.platform)
 
     @cached_property
     def lock_path(self) -> Path:

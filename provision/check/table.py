@@ -63,6 +63,7 @@ TABLE: tuple[CheckSpec, ...] = (
         needs_job_env=True,
         needs_pass=("variables.CC", "variables.CXX"),
     ),
+    CheckSpec("toolchain.openssl", envc.check_openssl, needs_job_env=True),
     CheckSpec(
         "compile.triton_build", comp.check_triton_build, needs_job_env=True, slow="Triton C build (~1 s)"
     ),

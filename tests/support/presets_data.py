@@ -40,9 +40,10 @@ class Layout:
     size: int  # frame rows (RoboTwin: x 4/3 columns)
 
 
-# Each episode holds one cpu_scale clip (4 latent frames): LIBERO 1 + 4 x 3 = 13 rows (one video frame per
-# row, N = 4); RoboTwin (1 + 4 x 3) video frames x 4 rows + 1 = 53 rows (N = 16, a video frame every 4th
-# row). LIBERO's frames are upstream's 128 x 128; RoboTwin's 96 x 128 (its 240 x 320 shrunk: the CPU
+# Each episode holds one cpu_scale clip (4 latent frames; trainer/data/short.py clip_frames, which
+# tests/test_presets.py applies to these lengths): LIBERO 1 + 4 x 3 = 13 rows (one video frame per row,
+# N = 4); RoboTwin 1 + 4 x 4 x 3 = 49 rows (13 video frames, one every 4th row, N = 16). LIBERO's
+# frames are upstream's 128 x 128; RoboTwin's 96 x 128 (its 240 x 320 shrunk: the CPU
 # scale's latent grid is 8 x 10, and decoding three 240 x 320 cameras would only cost time).
 LAYOUTS = {
     "libero": Layout(episodes=4, length=14, size=128),

@@ -26,9 +26,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-UPSTREAM = Path(os.environ.get("LINGBOT_UPSTREAM_DIR", "/work/upstream/lingbot-va")) / "wan_va"
+if not os.environ.get("LINGBOT_UPSTREAM_DIR"):
+    sys.exit("LINGBOT_UPSTREAM_DIR is not set: set it to a checkout of hewu2008/lingbot-va at 58c2ae5")
+UPSTREAM = Path(os.environ["LINGBOT_UPSTREAM_DIR"]) / "wan_va"
 if not (UPSTREAM / "wan_va_server.py").is_file():
-    sys.exit(f"no upstream server at {UPSTREAM}/wan_va_server.py: set LINGBOT_UPSTREAM_DIR")
+    sys.exit(f"no upstream server at {UPSTREAM}/wan_va_server.py: check LINGBOT_UPSTREAM_DIR")
 for name in ("flash_attn", "flash_attn_interface"):  # imported at module level, unused with attn_mode torch
     stub = types.ModuleType(name)
     stub.__spec__ = importlib.machinery.ModuleSpec(name, None)

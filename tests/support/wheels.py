@@ -14,9 +14,15 @@ from pathlib import Path
 
 
 def write_wheel(
-    out_dir: Path, name: str, version: str, module_source: str, requires: Sequence[str] = ()
+    out_dir: Path,
+    name: str,
+    version: str,
+    module_source: str,
+    requires: Sequence[str] = (),
+    tag: str = "py3-none-any",
 ) -> Path:
-    """A pure-python wheel with one module `name`, written as the wheel spec says (RECORD hashes)."""
+    """A wheel with one module `name`, written as the wheel spec says (RECORD hashes); `tag` its
+    compatibility tag (e.g. cp311-cp311-manylinux_2_28_aarch64: one wheel per architecture)."""
     dist_info = f"{name}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
@@ -24,7 +30,7 @@ def write_wheel(
         f"{name}.py": module_source.encode(),
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": (
-            b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
         ),
     }
     record = []
@@ -33,7 +39,7 @@ def write_wheel(
         record.append(f"{path},sha256={digest},{len(data)}")
     members[f"{dist_info}/RECORD"] = ("\n".join(record + [f"{dist_info}/RECORD,,"]) + "\n").encode()
     out_dir.mkdir(parents=True, exist_ok=True)
-    wheel = out_dir / f"{name}-{version}-py3-none-any.whl"
+    wheel = out_dir / f"{name}-{version}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
         for path, data in members.items():
             zf.writestr(path, data)
@@ -46,11 +52,15 @@ def sha256_of(path: Path) -> str:
 
 def write_simple_index(index_dir: Path, wheels: list[Path]) -> str:
     """A PEP 503 index as static files (pip reads file:// directories' index.html); hashes in the links."""
+    links: dict[str, list[str]] = {}
     for wheel in wheels:
-        project = index_dir / wheel.name.split("-")[0]
+        links.setdefault(wheel.name.split("-")[0], []).append(
+            f'<a href="{wheel.resolve().as_uri()}#sha256={sha256_of(wheel)}">{wheel.name}</a>'
+        )
+    for name, anchors in links.items():
+        project = index_dir / name
         project.mkdir(parents=True, exist_ok=True)
         (project / "index.html").write_text(
-            f'<!DOCTYPE html><html><body><a href="{wheel.resolve().as_uri()}#sha256={sha256_of(wheel)}">'
-            f"{wheel.name}</a></body></html>\n"
+            f"<!DOCTYPE html><html><body>{'<br>'.join(anchors)}</body></html>\n"
         )
     return index_dir.resolve().as_uri() + "/"

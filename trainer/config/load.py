@@ -170,8 +170,24 @@ def resolve_config(
         apply_overrides(cfg, _flatten(cpu_block), f"{path}{CPU_SCALE_MARK}", sources)
     if overrides:
         apply_overrides(cfg, overrides, SET, sources)
+    _root_preset_paths(cfg, sources)
     check(cfg, sources)
     return cfg, sources
+
+
+# Encoder folders a config file names relative (models/lingbot-va-base/vae) are relative to the repo root,
+# as its model.pretrained and data.path are; a --set path is the user's own (the working directory's).
+ROOTED_PATHS = ("data.vae_path", "data.text_encoder", "data.tokenizer")
+
+
+def _root_preset_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
+    for key in ROOTED_PATHS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value and sources.get(key, SET) != SET and not Path(value).expanduser().is_absolute():
+            from provision.paths import repo_root
+
+            setattr(getattr(cfg, section), name, str(repo_root() / value))
 
 
 def user_set(source: str | None) -> bool:

@@ -33,6 +33,8 @@ DATASETS = ("furniture_train", "libero", "robotwin")
 CAMERA_NAMES = ("color_image1", "color_image2", "color_image3")
 ATTENTION = ("auto", "flex", "sdpa")
 ENCODERS = ("patch_mean", "wan_vae")
+# data.normalize: fitted to the training episodes, fixed in the config, or the dataset's own statistics
+NORMALIZE = ("fit", "fixed", "quantile", "mean_std")
 # checkpoint.best_by: the held-out metric (trainer/loop/validate.py) that picks the best checkpoint, or none
 BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
 # eval.sim_suite: LIBERO's suites (trainer/evaluation/sim/suites.py SUITES; not imported: no torch here)
@@ -248,7 +250,29 @@ RULES: dict[str, Rule | Free] = {
         _slots_ok,
         "[99]",
     ),
-    "data.normalize": _one_of("fit", "quantile", "mean_std"),
+    "data.normalize": Rule(
+        "one of fit, fixed, quantile, mean_std (fixed needs data.norm_q01 and data.norm_q99)",
+        lambda v, c: v in NORMALIZE and (v != "fixed" or bool(c.data.norm_q01 and c.data.norm_q99)),
+        "nope",
+    ),
+    "data.norm_q01": Rule(
+        "[] or model.action_dim numbers (q01 per channel, slot order)",
+        lambda v, c: len(v) in (0, c.model.action_dim),
+        "[0.5]",
+    ),
+    "data.norm_q99": Rule(
+        "[] or model.action_dim numbers (q99 per channel, slot order), each >= its data.norm_q01",
+        lambda v, c: (
+            len(v) in (0, c.model.action_dim)
+            and (
+                not v
+                or not c.data.norm_q01
+                or all(hi >= lo for lo, hi in zip(c.data.norm_q01, v, strict=False))
+            )
+        ),
+        "[0.5]",
+    ),
+    "data.allow_stand_in_encoders": BOOL,
     "data.upstream_latents": _one_of("off", "write", "read"),
     # train
     "train.steps": POSITIVE,

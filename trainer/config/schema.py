@@ -118,7 +118,17 @@ class DataConfig:
     format: str = "auto"  # auto (lerobot when data.path holds meta/info.json) | furniturebench | lerobot
     action_map: list[str] = field(default_factory=lambda: ["action"])  # LeRobot key, key[i], key[i:j] (docs)
     action_slots: list[int] = field(default_factory=list)  # 30-channel slot per action ([]: ACTION_SLOTS)
-    normalize: str = "fit"  # fit (quantiles of the training episodes) | quantile | mean_std (dataset stats)
+    # fit (q01/q99 of the training episodes: a new dataset) | fixed (data.norm_q01 / norm_q99 below: the
+    # statistics a released checkpoint was trained with, upstream's norm_stat) | quantile | mean_std (the
+    # dataset's own meta/ statistics)
+    normalize: str = "fit"
+    # data.normalize fixed: q01 -> -1 and q99 -> +1 per channel of the model.action_dim-wide action, in slot
+    # order (index = the channel data.action_slots maps a value to), as upstream's norm_stat is written
+    norm_q01: list[float] = field(default_factory=list)
+    norm_q99: list[float] = field(default_factory=list)
+    # the released transformer (model.pretrained, a released or exported folder served / evaluated) fed by
+    # the weights-free stand-in encoders at full scale: refused unless this is true (announced, recorded)
+    allow_stand_in_encoders: bool = False
     upstream_latents: str = "off"  # off | write | read: the reference's <root>/latents/ episode .pth files
 
 

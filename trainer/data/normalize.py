@@ -4,7 +4,10 @@ Statistics come from the data (every action of every training episode: data.norm
 same on every rank. A channel whose q01 and q99 coincide (e.g. a constant gripper) normalises to 0.
 A LeRobot dataset's own statistics (meta/stats.json or episodes_stats.jsonl, recorded in the cache
 manifest's "lerobot" record) serve instead with data.normalize quantile (its q01/q99) or mean_std
-(MeanStdNormalizer: (x - mean) / std, clipped likewise): `dataset_normalizer`.
+(MeanStdNormalizer: (x - mean) / std, clipped likewise): `dataset_normalizer`. With data.normalize fixed
+the statistics are the config's (data.norm_q01 / norm_q99, upstream's norm_stat: what a released checkpoint
+was trained with), in slot order; `config_normalizer` reorders them to the action columns' order (column i
+is slot data.action_slots[i]) and needs no data at all (bin/serve of a released folder).
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ def dataset_normalizer(cfg, manifest: dict, directory: Path) -> QuantileNormaliz
     how = cfg.data.normalize
     if how == "fit":
         return None
+    if how == "fixed":
+        return config_normalizer(cfg)
     stats = (manifest.get("lerobot") or {}).get("stats") or {}
     need = {"quantile": ("q01", "q99"), "mean_std": ("mean", "std")}[how]
     if not all(k in stats for k in need):
@@ -93,3 +98,19 @@ def dataset_normalizer(cfg, manifest: dict, directory: Path) -> QuantileNormaliz
         )
     a, b = (np.asarray(stats[k], np.float32) for k in need)
     return QuantileNormalizer(a, b) if how == "quantile" else MeanStdNormalizer(a, b)
+
+
+def config_normalizer(cfg) -> QuantileNormalizer:
+    """data.normalize fixed: data.norm_q01 / norm_q99 (model.action_dim wide, slot order) as a normaliser
+    of the action columns (column i -> slot data.action_slots[i], [] = trainer/recipe/batch.py ACTION_SLOTS).
+    ValueError naming the keys when they are missing or too short for the slots."""
+    from trainer.recipe.batch import ACTION_SLOTS
+
+    slots = list(cfg.data.action_slots or ACTION_SLOTS)
+    q01, q99 = (np.asarray(v, np.float32) for v in (cfg.data.norm_q01, cfg.data.norm_q99))
+    if q01.size <= max(slots) or q99.size <= max(slots):
+        raise ValueError(
+            f"data.normalize=fixed needs data.norm_q01 and data.norm_q99 with a value for every slot up to "
+            f"{max(slots)} (model.action_dim wide, slot order); they have {q01.size} and {q99.size}"
+        )
+    return QuantileNormalizer(q01[slots], q99[slots])

@@ -86,7 +86,7 @@ def check_normalize(cfg, where: str = "data") -> None:
     """data.relative_poses with dataset statistics (data.normalize quantile / mean_std, which describe the
     ABSOLUTE actions) is refused: a DatasetError naming the fix, data.normalize=fit."""
     starts = list(getattr(cfg.data, "relative_poses", []) or [])
-    if starts and cfg.data.normalize != "fit":
+    if starts and cfg.data.normalize in ("quantile", "mean_std"):  # fixed: the config's, of relative poses
         raise DatasetError(
             f"{where}: data.relative_poses={starts} makes poses relative to each episode's first row, but "
             f"data.normalize={cfg.data.normalize} uses the dataset's statistics of the absolute actions; "

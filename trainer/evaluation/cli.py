@@ -75,7 +75,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     from trainer.sampling.rundata import load_episodes, make_sampler
 
     base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(target, base)
+    model, cfg, what = load_model(target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"))
     if sets:
         from trainer.config import apply_overrides
 
@@ -119,6 +119,7 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         raise UsageError(
             f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
         ) from None
+    out = out or str(default_plots_dir(target) / "libero" / suite)
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
                    device, out)  # fmt: skip
     return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))

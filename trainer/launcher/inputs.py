@@ -6,6 +6,8 @@ the episodes or the weights in full:
   as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's
   meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
   videos;
+- encoders: data.vae_path (data.encoder wan_vae) and data.text_encoder hold their config.json (and the
+  tokenizer files), by the encoders' own folder rules (trainer/data/encoding/encoder.py, text.py);
 - weights: model.pretrained's files hold exactly the tensors, by name and shape, of the model its
   config.json describes (safetensors headers against the model built on the meta device; the same
   check_layout the ranks' strict load runs).
@@ -21,7 +23,23 @@ from trainer.launcher.errors import PreflightError
 
 def inputs_check(cfg: RunConfig) -> list[str]:
     """Notes for the terminal; PreflightError naming the file and the fix when the inputs cannot work."""
-    return [_data_note(cfg), *_weights_notes(cfg)]
+    return [_data_note(cfg), *_encoder_notes(cfg), *_weights_notes(cfg)]
+
+
+def _encoder_notes(cfg: RunConfig) -> list[str]:
+    from trainer.data.encoding.encoder import EncoderError, _vae_folder
+    from trainer.data.encoding.text import _folders
+
+    notes = []
+    try:
+        if cfg.data.encoder == "wan_vae":
+            notes.append(f"encoder: the Wan2.2 VAE in {_vae_folder(cfg.data.vae_path)}")
+        if cfg.data.text_encoder:
+            enc, tok = _folders(cfg.data.text_encoder, cfg.data.tokenizer)
+            notes.append(f"text encoder: {enc} (tokenizer {tok})")
+    except EncoderError as exc:
+        raise PreflightError(str(exc)) from exc
+    return notes
 
 
 def _data_note(cfg: RunConfig) -> str:

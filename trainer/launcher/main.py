@@ -55,6 +55,7 @@ from trainer.checkpoint.finite import nonfinite_in_checkpoint
 from trainer.checkpoint.layout import quarantine_damaged, resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
 from trainer.config.released import PretrainedConflict, PretrainedError, apply_pretrained_config
+from trainer.config.standins import check_stand_ins
 from trainer.launcher import early, nodes, simeval, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
@@ -156,6 +157,7 @@ def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, Pretrai
     # On a machine without a GPU the config's cpu_scale block applies unless asked otherwise.
     cpu_scale = args.cpu_scale if args.cpu_scale is not None else (args.sbatch is None and gpus == 0)
     cfg, sources = resolve_config(args.config, cpu_scale=cpu_scale, overrides=parse_set(args.set))
+    check_stand_ins(cfg, bool(cfg.model.pretrained), not cpu_scale, "", say)  # trainer/config/standins.py
     try:  # the dimensions come from its config.json; only a value the user set can conflict
         apply_pretrained_config(cfg, sources)
     except PretrainedConflict as exc:

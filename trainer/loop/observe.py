@@ -105,13 +105,22 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         world_size=rig.world_size,
         attempt=attempt_id,
         config=rig.cfg.name,
-        data=rig.stream.data_summary.to_json() if rig.stream.data_summary else None,
+        data=_data_json(rig),
         diverged=dataclasses.asdict(state.diverged) if state.diverged else None,
         nonfinite_skipped=list(state.policy.skipped),
         grad_norm_max=state.spikes.peak(),
         validation=_last_validation(state),
         best_checkpoint=best_json(rig.checkpointer.root, scan(rig.checkpointer.root)[0], best_by_of(rig.cfg)),
     )
+
+
+def _data_json(rig: Rig) -> dict[str, Any] | None:
+    """The data summary, and whether stand-ins with the released transformer were allowed by the config
+    (data.allow_stand_in_encoders, trainer/config/standins.py): an override is recorded, never silent."""
+    if not rig.stream.data_summary:
+        return None
+    allowed = bool(getattr(rig.cfg.data, "allow_stand_in_encoders", False))
+    return {**rig.stream.data_summary.to_json(), "allow_stand_in_encoders": allowed}
 
 
 def _reason(state: LoopState, stop: StopRequest) -> str | None:

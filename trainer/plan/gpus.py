@@ -8,6 +8,8 @@ figure ("with sparsity"), which is twice the dense one. Interconnect: the bandwi
 its peers in one direction (NVLink data sheets print the bidirectional total, twice that). Several
 nodes: the slowest link is the node's network, INTER_NODE_BYTES_PER_S per GPU unless known better.
 trainer/loop/profiling.py's MFU table is derived from this one (one place for every peak).
+`platform` is the conda subdir of the node's CPU, hence of the job's env: Grace nodes (GH200, GB200)
+are linux-aarch64, the others linux-64 (docs/platforms.md).
 """
 
 from __future__ import annotations
@@ -25,20 +27,27 @@ class GpuKind:
     link_bytes_per_s: float  # one direction, per GPU, within a node
     link: str  # what that link is
     source: str  # the data sheet the figures come from
+    platform: str = "linux-64"  # the node's CPU as a conda subdir: the env the job needs
 
 
 # Order matters for match_device_name: the first name found in the device name wins (GB200 before B200,
-# H100 NVL / PCIe before H100).
+# GH200 before H200, H100 NVL / PCIe before H100).
 GPU_KINDS: tuple[GpuKind, ...] = (
     GpuKind(
         "GB200", 2.5e15, 186 * GB, 900 * GB, "NVLink 5 (1.8 TB/s bidirectional)",
         "NVIDIA GB200 NVL72 data sheet, nvidia.com/en-us/data-center/gb200-nvl72: 72 GPUs, 360 PFLOPS "
-        "FP16/BF16 with sparsity, 13.4 TB HBM3e, 130 TB/s NVLink",
+        "FP16/BF16 with sparsity, 13.4 TB HBM3e, 130 TB/s NVLink", "linux-aarch64",
     ),
     GpuKind(
         "B200", 2.25e15, 180 * GB, 900 * GB, "NVLink 5 (1.8 TB/s bidirectional)",
         "NVIDIA DGX B200 data sheet (resources.nvidia.com, dgx-b200-datasheet): 8 GPUs, 72 PFLOPS FP8 "
         "training = 36 PFLOPS BF16 with sparsity, 1,440 GB HBM3e, 14.4 TB/s NVLink",
+    ),
+    GpuKind(
+        "GH200", 989e12, 96 * GB, 450 * GB, "NVLink 4 (900 GB/s bidirectional)",
+        "NVIDIA GH200 Grace Hopper Superchip data sheet, nvidia.com/en-us/data-center/grace-hopper-"
+        "superchip: H100 GPU, FP16/BF16 1,979 TFLOPS with sparsity, 96 GB HBM3 (144 GB HBM3e variant), "
+        "NVLink 900 GB/s; Grace CPU (aarch64)", "linux-aarch64",
     ),
     GpuKind(
         "H200", 989e12, 141 * GB, 450 * GB, "NVLink 4 (900 GB/s bidirectional)",
@@ -84,6 +93,17 @@ def gpu_kind(name: str) -> GpuKind:
         if kind.name.lower() == name.strip().lower():
             return kind
     raise UnknownGpu(f"unknown GPU kind {name!r}: the plan knows {', '.join(names())} (trainer/plan/gpus.py)")
+
+
+def grace(kind: GpuKind) -> str:
+    """ "" for an x86 node, else the line a plan prints: the node's platform and how to provision it."""
+    if kind.platform == "linux-64":
+        return ""
+    return (
+        f"{kind.name} nodes have a Grace CPU: platform {kind.platform}, so the job's env is the "
+        f"{kind.platform} one (bin/provision NAME --platform {kind.platform} on a {kind.platform} node, "
+        f"or from an x86 login node with emulation: docs/platforms.md)"
+    )
 
 
 def match_device_name(device_name: str) -> GpuKind | None:

@@ -7,7 +7,7 @@ notes = preflight_plan(cfg, world_size, nnodes, device_name)   # PreflightError:
 from __future__ import annotations
 
 from trainer.plan.estimate import Plan, fitting_changes, largest_categories, make_plan
-from trainer.plan.gpus import GpuKind, match_device_name
+from trainer.plan.gpus import GPU_KINDS, GpuKind, gpu_kind, grace, match_device_name
 
 
 def gib(n: float) -> str:
@@ -61,7 +61,15 @@ def format_plan(plan: Plan) -> str:
     if plan.kinds:
         lines.append("  (step >= : compute at the bf16 dense peak, communication overlapped; docs/plan.md)")
         lines += predicted_lines(plan)
+    platforms = sorted({gpu_kind(k.name).platform for k in plan.kinds if _known(k.name)})
+    if platforms:
+        lines.append(f"  env platform: {', '.join(platforms)}")
+    lines += [f"  {line}" for k in plan.kinds if _known(k.name) and (line := grace(gpu_kind(k.name)))]
     return "\n".join(lines)
+
+
+def _known(name: str) -> bool:
+    return any(k.name == name for k in GPU_KINDS)
 
 
 def predicted_lines(plan: Plan) -> list[str]:

@@ -39,6 +39,7 @@ TB = 1e12
 HBM_BYTES_PER_S = {
     "GB200": 8.0 * TB,  # GB200 NVL72 data sheet: 576 TB/s over 72 GPUs
     "B200": 8.0 * TB,  # DGX B200 data sheet: 64 TB/s over 8 GPUs
+    "GH200": 4.0 * TB,  # GH200 data sheet: 4 TB/s HBM3 (96 GB; the 144 GB HBM3e variant: 4.9 TB/s)
     "H200": 4.8 * TB,  # H200 data sheet: 4.8 TB/s
     "H100 NVL": 3.9 * TB,  # H100 data sheet (NVL): 3.9 TB/s
     "H100 PCIe": 2.0 * TB,  # H100 PCIe data sheet: 2.0 TB/s

@@ -7,8 +7,11 @@ TARGET is one of
     a reference-layout folder    <dir>/transformer/{config.json, *.safetensors} or the transformer/ itself:
                                  the released lingbot-va-base folder, or a checkpoint's export (checkpoint.
                                  export=reference); the run config is --config (dims from its config.json)
-A DCP checkpoint is read without a process group (torch.distributed.checkpoint's single-process load) into
-a plain WorldModel: the FSDP2-wrapped training model cannot run inference (its parameters are DTensors).
+At full scale a reference-layout folder with stand-in encoders in the run config is refused before its
+weights are read (trainer/config/standins.py: ConfigError, exit 2; data.allow_stand_in_encoders=true runs
+it, announced). A DCP checkpoint is read without a process group (torch.distributed.checkpoint's
+single-process load) into a plain WorldModel: the FSDP2-wrapped training model cannot run inference (its
+parameters are DTensors).
 """
 
 from __future__ import annotations
@@ -113,14 +116,18 @@ def load_reference_model(folder: Path, cfg: RunConfig):
     return model.float(), cfg
 
 
-def load_model(target: str | Path, cfg_for_reference: RunConfig | None):
-    """(model fp32 on CPU, cfg, description) for TARGET (see the module docstring)."""
+def load_model(target: str | Path, cfg_for_reference: RunConfig | None, full_scale: bool = False, say=print):
+    """(model fp32 on CPU, cfg, description) for TARGET (see the module docstring). `full_scale`: the run
+    config is a preset's full scale, where the released weights never get stand-in inputs unannounced."""
     kind, path = resolve_target(target)
     if kind == "checkpoint":
         cfg = checkpoint_config(path)
         return load_checkpoint_model(path, cfg).float(), cfg, f"checkpoint {path}"
     if cfg_for_reference is None:
         raise TargetError(f"{path}: a reference-layout folder needs a run config (--config)")
+    from trainer.config.standins import check_stand_ins
+
+    check_stand_ins(cfg_for_reference, True, full_scale, str(Path(target)), say)
     model, cfg = load_reference_model(path, cfg_for_reference)
     return model, cfg, f"reference-layout weights {path}"
 

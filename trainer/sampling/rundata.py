@@ -9,6 +9,11 @@ root; `<k>:<root name>/<file>` with several roots), in the order BatchStream hol
 carries its own prompt: a LeRobot episode's task embedding (the prompt it was trained with), else the
 dataset's one prompt; the sampler is given it before the episode (trainer/evaluation/openloop.py
 evaluate_episode).
+
+`serving_inputs(cfg, text)` is what bin/serve needs of the run's data (the action normaliser, the empty
+prompt, the latent grid, the stand-in latents' standardisation): from the config alone when nothing needs
+the dataset (data.normalize fixed, the real VAE: a released folder served as upstream's server serves it,
+the empty prompt embedded by `text`), else through `load_episodes` (`needs_dataset` says why).
 """
 
 from __future__ import annotations
@@ -95,3 +100,51 @@ def load_episodes(cfg) -> EvalData:
 def make_sampler(model, cfg, data: EvalData) -> ChunkSampler:
     grid = tuple(data.latents[0].shape[1:])
     return ChunkSampler(model, cfg.infer, data.action_mask, data.prompt_emb, data.empty_emb, video_grid=grid)
+
+
+@dataclass
+class ServingInputs:
+    """What bin/serve takes from the run's data (trainer/serving/session.py load_served)."""
+
+    normalizer: object
+    slots: tuple[int, ...]
+    action_mask: torch.Tensor
+    empty_emb: torch.Tensor
+    grid: tuple[int, int, int]  # (C, H, W) of the composed latents
+    latent_stats: tuple | None  # the stand-in latents' (mean, std); None: VAE latents
+    source: str  # where they came from, for the log
+
+
+def needs_dataset(cfg) -> str | None:
+    """Why serving cfg reads its dataset; None when the config alone gives everything."""
+    if cfg.data.normalize != "fixed":
+        return f"data.normalize={cfg.data.normalize}: the action statistics come from the dataset"
+    if cfg.data.encoder == "patch_mean":
+        return "data.encoder=patch_mean: the stand-in latents are standardised by the dataset's statistics"
+    return None
+
+
+def serving_inputs(cfg, text) -> ServingInputs:
+    """ServingInputs from the config (see the module docstring), else from load_episodes; a DatasetError
+    there says why the dataset was needed."""
+    why = needs_dataset(cfg)
+    if why is None:
+        from trainer.data.normalize import config_normalizer
+
+        slots = tuple(list(cfg.data.action_slots or ACTION_SLOTS)[: cfg.model.action_used])
+        mask = torch.zeros(cfg.model.action_dim, dtype=torch.bool)
+        mask[list(slots)] = True
+        empty, _ = text.embed("")
+        h, w = views.grid(cfg)
+        grid = (int(cfg.model.latent_channels), int(h), int(w))
+        source = "the config (data.normalize=fixed, data.encoder=wan_vae): no dataset read"
+        return ServingInputs(config_normalizer(cfg), slots, mask, torch.as_tensor(empty), grid, None, source)
+    try:
+        data = load_episodes(cfg)
+    except DatasetError as exc:
+        raise DatasetError(f"{exc} (bin/serve reads the dataset because {why})") from exc
+    c, h, w = (int(x) for x in data.latents[0].shape[1:])
+    return ServingInputs(
+        data.normalizer, data.slots, data.action_mask, data.empty_emb, (c, h, w), data.latent_stats,
+        f"the dataset {cfg.data.path} ({why})",
+    )  # fmt: skip

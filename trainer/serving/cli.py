@@ -2,6 +2,7 @@
 
     bin/serve TARGET [--port 29056] [--host 127.0.0.1] [--set infer.video_steps=2 ...]
                      [--api-key-file F] [--max-connections 4] [--max-frame-bytes 33554432]
+                     [--idle-timeout 600]
                      [--config NAME] [--cpu-scale|--full-scale] [--seed N] [--device auto|cpu|cuda]
                      [--camera CLIENT_KEY=RUN_CAMERA ...]
 
@@ -32,6 +33,7 @@ import click
 from trainer.attempt import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 DEFAULT_PORT = 29056  # upstream's evaluation/libero and robotwin launch scripts
+DEFAULT_IDLE_S = 600.0  # an episode's client sends a request every few seconds; a held slot is freed
 
 
 def _say(line: str) -> None:
@@ -66,7 +68,7 @@ def _camera_syntax(items: tuple[str, ...]) -> None:
 
 
 def serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
-          device, cameras=()) -> int:  # fmt: skip
+          device, cameras=(), idle_timeout=DEFAULT_IDLE_S) -> int:  # fmt: skip
     import dataclasses
 
     from trainer.config import load_config, parse_set  # noqa: F401 - fail fast on a broken install
@@ -81,6 +83,8 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
         raise click.BadParameter(f"--max-connections {max_connections}: expected at least 1")
     if max_frame_bytes < 1024:
         raise click.BadParameter(f"--max-frame-bytes {max_frame_bytes}: expected at least 1024")
+    if not 0 <= idle_timeout < float("inf"):  # NaN and inf too
+        raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
     served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
     try:
         aliases = parse_aliases(tuple(cameras), served.spec.cameras)
@@ -99,9 +103,12 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     )
     _say(
         f"serve: limits: {'API key required' if key else 'no API key'}, {max_connections} connection(s), "
-        f"frames up to {max_frame_bytes} bytes; requests run one at a time"
+        f"frames up to {max_frame_bytes} bytes; "
+        + (f"idle connections closed after {idle_timeout:g} s" if idle_timeout else "idle connections kept")
+        + " (--idle-timeout); requests run one at a time"
     )
-    server = PolicyServer(served, Limits(key, max_connections, max_frame_bytes), _say)
+    limits = Limits(key, max_connections, max_frame_bytes, idle_timeout)
+    server = PolicyServer(served, limits, _say)
 
     def ready(bound: int) -> None:
         _say(f"serve: listening on ws://{host}:{bound} (health: http://{host}:{bound}/healthz)")
@@ -131,6 +138,12 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     help="largest request frame; a larger one closes its connection (1009, message too big)",
 )
 @click.option(
+    "--idle-timeout",
+    default=DEFAULT_IDLE_S,
+    show_default=True,
+    help="close a connection that sends nothing for this many seconds, freeing its slot (0: never)",
+)
+@click.option(
     "--config", default="furniture_train", show_default=True, help="run config for a released folder"
 )
 @click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
@@ -143,8 +156,8 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     metavar="CLIENT_KEY=RUN_CAMERA",
     help="the image key a client sends for one of the run's cameras (repeatable; every camera once)",
 )
-def main(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
-         device, cameras) -> None:  # fmt: skip
+def main(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, idle_timeout, config,
+         cpu_scale, seed, device, cameras) -> None:  # fmt: skip
     """Serve TARGET's actions over LingBot-VA's websocket policy protocol.
 
     One session per connection; the model's requests run one at a time. Binds 127.0.0.1 unless --host
@@ -169,7 +182,7 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
     try:
         code = serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, scale,
-                     seed, device, cameras)  # fmt: skip
+                     seed, device, cameras, idle_timeout)  # fmt: skip
     except (KeyboardInterrupt, _Stopped):
         _say("serve: stopped while loading")
         code = EXIT_OK

@@ -1,11 +1,14 @@
 """What bin/serve serves: the model loaded once (`load_served`), and one `Session` per connection.
 
 `load_served` loads the weights as bin/evaluate does (trainer/sampling/load.py; a RUN_DIR's best
-checkpoint, `checkpoints/best`, when it has one, else its newest complete checkpoint), applies `--set`
-(infer.* chooses the sampler), and reads the run's data through training's data path (as bin/evaluate:
-the action normaliser, the empty prompt, the stand-in latents' standardisation), then builds the run's
-encoders (trainer/data/encoding/encoder.py, text.py: the Wan2.2 VAE and T5 when the run used them, else the
-stand-ins, announced).
+checkpoint, `checkpoints/best`, when it has one, else its newest complete checkpoint; at full scale a
+released folder with stand-in encoders is refused, exit 2), applies `--set` (infer.* chooses the sampler),
+builds the run's encoders (trainer/data/encoding/encoder.py, text.py: the Wan2.2 VAE and T5 when the run
+used them, else the stand-ins, announced), and takes what it needs of the run's data from
+trainer/sampling/rundata.py serving_inputs: from the config alone with fixed statistics and the real VAE
+(a released folder served with no dataset, as upstream's server; the empty prompt from the text encoder),
+else through training's data path as bin/evaluate (the action normaliser, the empty prompt, the stand-in
+latents' standardisation).
 
 A Session is upstream's VA_Server state for one client (`_reset`, `_infer`, `_compute_kv_cache`), on a
 ChunkSampler of its own (its own KV cache and prompt; another connection never sees it):
@@ -130,24 +133,24 @@ def load_served(
     from trainer.data.encoding.encoder import make_encoder
     from trainer.data.encoding.text import make_text_encoder
     from trainer.sampling.load import load_model, pick_device
-    from trainer.sampling.rundata import load_episodes
+    from trainer.sampling.rundata import serving_inputs
 
     base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(target, base)
+    model, cfg, what = load_model(target, base, not cpu_scale, lambda line: say(f"serve: {line}"))
     if sets:
         apply_overrides(cfg, parse_set(list(sets)), "--set")
         check_config(cfg)
     dev = pick_device(device)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
-    data = load_episodes(cfg)
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
     announced = tuple(stand_ins(video, text))
+    data = serving_inputs(cfg, text)
+    say(f"serve: action statistics, empty prompt and latent grid from {data.source}")
     spec = Spec(tuple(cfg.data.cameras), len(data.slots), cfg.infer.frames_per_chunk, model.apf)
-    grid = tuple(data.latents[0].shape[1:])
     return Served(
-        model, cfg, what, data.normalizer, data.slots, data.action_mask, data.empty_emb,
-        (int(grid[0]), int(grid[1]), int(grid[2])), data.latent_stats, video, text, spec, seed, announced,
+        model, cfg, what, data.normalizer, data.slots, data.action_mask, data.empty_emb, data.grid,
+        data.latent_stats, video, text, spec, seed, announced,
     )  # fmt: skip
 
 

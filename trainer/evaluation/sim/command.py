@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -58,7 +57,7 @@ class Options:
     sets: tuple[str, ...] = ()
     seed: int = 0
     device: str = "auto"
-    out: str | None = None
+    out: str = "evaluation/libero"  # bin/evaluate's default: RUN_DIR/evaluation/<checkpoint>/libero/<suite>
 
 
 def default_workers() -> int:
@@ -91,7 +90,6 @@ def check_settings(out: Path, want: dict) -> None:
 
 def load(target: str, opts: Options, say: Callable[[str], None]):
     """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet."""
-    from trainer.evaluation.cli import default_plots_dir
     from trainer.serving.protocol import parse_aliases
     from trainer.serving.session import load_served
 
@@ -102,8 +100,7 @@ def load(target: str, opts: Options, say: Callable[[str], None]):
         raise suites.UsageError(str(exc)) from None
     served.spec = dataclasses.replace(served.spec, aliases=aliases)
     suites.check_served(served.spec, target)
-    out = Path(opts.out) if opts.out else default_plots_dir(target) / "libero" / opts.suite
-    return served, served.what.removeprefix("checkpoint "), out
+    return served, served.what.removeprefix("checkpoint "), Path(opts.out)
 
 
 class Serving:
@@ -189,40 +186,3 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
         )
         code = 1
     return result, code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Until bin/evaluate carries --sim: python -m trainer.evaluation.sim.command TARGET [options]."""
-    import argparse
-    import json
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("target")
-    p.add_argument("--suite", default="libero_10")
-    p.add_argument("--tasks", default=None)
-    p.add_argument("--episodes", type=int, default=50)
-    p.add_argument("--max-steps", type=int, default=800)
-    p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--camera", action="append", default=[])
-    p.add_argument("--set", action="append", default=[])
-    p.add_argument("--out", default=None)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    opts = Options(a.suite, a.tasks, a.episodes, a.max_steps, a.workers, tuple(a.camera), sets=tuple(a.set),
-                   out=a.out)  # fmt: skip
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    try:
-        result, code = run_libero(a.target, opts, say)
-    except suites.UsageError as exc:
-        say(f"evaluate: {exc}")
-        return 2
-    if a.json:
-        print(json.dumps(result))
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
