@@ -25,9 +25,11 @@ episode's task, fps 20, robot_type panda.
         runs the above into a temporary sibling of root and renames it into place when complete (a killed
         recording never looks like a dataset); RecordError (one line: why, and the fix) otherwise
 
+lerobot 0.3.3 and its writer's imports are in the simulator env's locks (sim/libero/nodeps.in, requirements.in).
 lerobot's writer imports torchvision at module level without calling it; the simulator env has no
-torchvision (its torch is the CPU build), so a stand-in module is installed first (as the test writer
-tests/support/lerobot_write.py does).
+torchvision (its torch is the CPU build), so this process puts a stand-in module, raising on any use, in
+sys.modules before importing lerobot (_stand_in_torchvision; the test writer tests/support/lerobot_write.py
+does the same).
 """
 
 from __future__ import annotations
@@ -121,21 +123,39 @@ def record_episode(suite, task: int, init: int, length: int) -> dict:
         env.close()
 
 
-def _stub_torchvision() -> None:
+def _stand_in_torchvision() -> None:
+    """lerobot 0.3.3 imports torchvision at module level; its writer never calls it (transforms apply when
+    rows are read; torchvision.io decodes only for the torchvision video backend). The simulator env has
+    none: its torch is the CPU build and PyPI's torchvision is the CUDA one (its ops do not load beside the
+    CPU torch). So, in this process only and only when no torchvision is importable, a module whose every
+    use raises stands in (sys.modules, before lerobot is imported): a call would fail loudly, never
+    silently; nothing in the env's site-packages is touched."""
     import importlib.machinery
+    import importlib.util
     import types
 
-    tv = types.ModuleType("torchvision")
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None:
+        return
+
+    def unavailable(*args, **kwargs):
+        raise NotImplementedError("torchvision is a stand-in in the LIBERO recorder (libero_record.py)")
+
+    class _StandIn(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return unavailable
+
+    tv, transforms = _StandIn("torchvision"), _StandIn("torchvision.transforms")
     tv.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
-    tv.transforms = types.ModuleType("torchvision.transforms")  # type: ignore[attr-defined]
-    tv.transforms.__spec__ = importlib.machinery.ModuleSpec("torchvision.transforms", None)
-    sys.modules.setdefault("torchvision", tv)
-    sys.modules.setdefault("torchvision.transforms", tv.transforms)
+    transforms.__spec__ = importlib.machinery.ModuleSpec("torchvision.transforms", None)
+    tv.transforms = transforms  # type: ignore[attr-defined]
+    sys.modules["torchvision"], sys.modules["torchvision.transforms"] = tv, transforms
 
 
 def write_dataset(root: Path, episodes: list[dict]) -> None:
     """episodes (record_episode's) -> a LeRobot v2.1 dataset at root, by lerobot 0.3.3's own writer."""
-    _stub_torchvision()
+    _stand_in_torchvision()
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     hwc = {"dtype": "video", "shape": (SIZE, SIZE, 3), "names": ["height", "width", "channels"]}
@@ -182,6 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _move_into_place(done: Path, root: Path) -> None:
+    """done -> root: one rename when root is missing or empty; else (root holds only hidden entries, the
+    caller refused anything else) entry by entry, meta/ (what makes it a dataset) last."""
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+    if not root.exists():
+        os.replace(done, root)
+        return
+    for entry in sorted(done.iterdir(), key=lambda p: p.name == "meta"):
+        os.replace(entry, root / entry.name)
+
+
 def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Callable[[str], None]) -> Path:
     """Record into a temporary sibling of root, rename it into place; the caller holds the dataset lock."""
     from trainer.evaluation.sim.env import SimEnvError, choose_gl, ensure_env, worker_env
@@ -194,17 +226,18 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
     except SimEnvError as exc:
         raise RecordError(f"cannot record a LIBERO dataset: {exc}") from None
     tmp = root.with_name(f".{root.name}.recording-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
+    for stale in tmp.parent.glob(f".{root.name}.recording-*"):  # a killed recording's (the caller holds
+        shutil.rmtree(stale, ignore_errors=True)  # the dataset lock: no other is running)
     argv = [str(python), "-m", "trainer.data.formats.libero_record", str(tmp / "dataset"),
             "--episodes", str(episodes), "--length", str(length), "--suite", suite]  # fmt: skip
     try:
         done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         if done.returncode != 0:  # its reason is on stderr, above
             raise RecordError(f"recording a LIBERO dataset failed (exit {done.returncode}; its output above)")
-        if root.exists() and not any(root.iterdir()):
-            root.rmdir()
-        os.replace(tmp / "dataset", root)
+        if not (tmp / "dataset" / "meta" / "info.json").is_file():
+            raise RecordError(f"recording a LIBERO dataset wrote no {tmp / 'dataset' / 'meta' / 'info.json'}")
+        _move_into_place(tmp / "dataset", root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     say(f"data: recorded {episodes} scripted episode(s) into {root} ({ANNOUNCE.split(': ')[0].lower()})")
