@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         episodes.append(record_episode(suite, e % n, e // n, a.length))
         print(f"libero_record: episode {e}: task {e % n} ({episodes[-1]['language']})", file=sys.stderr)
     write_dataset(a.out, episodes)
+    images = a.out / "images"  # the writer's PNG staging: emptied once the videos are encoded
+    if images.is_dir() and not any(p.is_file() for p in images.rglob("*")):
+        shutil.rmtree(images)
     return 0
 
 
@@ -221,8 +224,9 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
     say(ANNOUNCE)
     say(f"data: recording {episodes} episode(s) of {length} steps in LIBERO {suite} into {root} (first use)")
     try:
-        python = ensure_env("libero", say)
-        env = worker_env(python, choose_gl(python, say))
+        ours = lambda line: say(line.replace("evaluate: ", "data: ", 1))  # noqa: E731 (the helpers' prefix)
+        python = ensure_env("libero", ours)
+        env = worker_env(python, choose_gl(python, ours))
     except SimEnvError as exc:
         raise RecordError(f"cannot record a LIBERO dataset: {exc}") from None
     tmp = root.with_name(f".{root.name}.recording-{os.getpid()}")
@@ -232,6 +236,8 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
     argv = [str(python), "-m", "trainer.data.formats.libero_record", str(tmp / "dataset"),
             "--episodes", str(episodes), "--length", str(length), "--suite", suite]  # fmt: skip
     try:
+        env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+        env["SVT_LOG"] = "1"  # the AV1 encoder's (lerobot's default codec) 20 info lines per video: errors only
         done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         if done.returncode != 0:  # its reason is on stderr, above
             raise RecordError(f"recording a LIBERO dataset failed (exit {done.returncode}; its output above)")
