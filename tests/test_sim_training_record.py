@@ -109,7 +109,8 @@ def test_a_complete_recording_is_renamed_into_place(tmp_path, monkeypatch, exist
     said = []
     assert libero_record.record_dataset(root, 2, 8, "libero_goal", said.append) == root
     assert (root / "meta" / "info.json").is_file() and (root / "data").is_dir()
-    assert said[0] == libero_record.ANNOUNCE and "recorded 2 scripted episode(s)" in said[-1]
+    assert said[:3] == ["!" * 100, libero_record.ANNOUNCE, "!" * 100]
+    assert "recorded 2 scripted episode(s)" in said[-1]
     assert [p.name for p in root.parent.iterdir()] == ["libero_cpu"]  # no temporary left
 
 

@@ -221,7 +221,8 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
     """Record into a temporary sibling of root, rename it into place; the caller holds the dataset lock."""
     from trainer.evaluation.sim.env import SimEnvError, choose_gl, ensure_env, worker_env
 
-    say(ANNOUNCE)
+    for line in ("!" * 100, ANNOUNCE, "!" * 100):  # a banner, as the stand-in encoders' (data/cache/prepare.py)
+        say(line)
     say(f"data: recording {episodes} episode(s) of {length} steps in LIBERO {suite} into {root} (first use)")
     try:
         ours = lambda line: say(line.replace("evaluate: ", "data: ", 1))  # noqa: E731 (the helpers' prefix)
