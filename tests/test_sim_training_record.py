@@ -98,7 +98,8 @@ def test_a_complete_recording_is_renamed_into_place(tmp_path, monkeypatch, exist
     from trainer.data.formats import libero_record
     from trainer.evaluation.sim import env
 
-    python = _fake_sim_python(tmp_path, 'mkdir -p "$out/meta" "$out/data" && echo "{}" > "$out/meta/info.json"')
+    body = 'mkdir -p "$out/meta" "$out/data" && echo "{}" > "$out/meta/info.json"'
+    python = _fake_sim_python(tmp_path, body)
     monkeypatch.setattr(env, "ensure_env", lambda name, say: python)
     monkeypatch.setattr(env, "choose_gl", lambda python, say: "egl")
     root = tmp_path / "data" / "libero_cpu"
@@ -121,7 +122,8 @@ def test_a_failed_or_killed_recording_never_looks_like_a_dataset(tmp_path, monke
     root = tmp_path / "data" / "libero_cpu"
     stale = tmp_path / "data" / ".libero_cpu.recording-1"  # a killed recording's leftovers
     (stale / "dataset" / "meta").mkdir(parents=True)
-    python = _fake_sim_python(tmp_path, 'mkdir -p "$out/meta" "$out/data"; echo "no GL: install libegl1" >&2; exit 3')
+    body = 'mkdir -p "$out/meta" "$out/data"; echo "no GL: install libegl1" >&2; exit 3'  # half written
+    python = _fake_sim_python(tmp_path, body)
     monkeypatch.setattr(env, "ensure_env", lambda name, say: python)
     monkeypatch.setattr(env, "choose_gl", lambda python, say: "egl")
     with pytest.raises(libero_record.RecordError, match=r"failed \(exit 3"):

@@ -26,13 +26,17 @@ def test_bin_train_libero_records_its_dataset_trains_and_evaluates(tmp_path, pre
     runs.seed_preflight(run_dir, preflight_record)
     env = runs.clean_env(tmp_path / "no-envs")
     argv = [str(runs.REPO / "bin" / "train"), "libero", "2", "--cpu-scale", "--run-dir", str(run_dir)]
-    argv += runs.set_args([*tiny_sets(data, steps=2), "data.generated_episodes=2", "data.generated_length=16"])
+    tiny = [*tiny_sets(data, steps=2), "data.generated_episodes=2", "data.generated_length=16"]
+    argv += runs.set_args(tiny)
     done = subprocess.run(argv, cwd=runs.REPO, env=env, capture_output=True, text=True, timeout=900)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     assert "the ranks record 2 scripted episode(s) of 16 steps" in out  # the preflight's note
-    assert "RECORDED STAND-IN DATA: a scripted reach-and-lift in LIBERO's simulator (not demonstrations)" in out
-    assert out.count("data: recording 2 episode(s) of 16 steps in LIBERO libero_goal") == 1  # one rank records
+    assert "RECORDED STAND-IN DATA: a scripted reach-and-lift in LIBERO's simulator (not demonstrations)" in (
+        out
+    )
+    recording = "data: recording 2 episode(s) of 16 steps in LIBERO libero_goal"
+    assert out.count(recording) == 1  # one rank records
 
     # LeRobot v2.1, written by lerobot 0.3.3, the preset's cameras, 7-D actions, 16 rows an episode
     info = json.loads((data / "meta" / "info.json").read_text())
@@ -44,7 +48,8 @@ def test_bin_train_libero_records_its_dataset_trains_and_evaluates(tmp_path, pre
     assert episodes[0]["tasks"] == ["open the middle drawer of the cabinet"]
     import pyarrow.parquet as pq
 
-    actions = np.stack(pq.read_table(data / "data" / "chunk-000" / "episode_000000.parquet")["action"].to_pylist())
+    parquet = data / "data" / "chunk-000" / "episode_000000.parquet"
+    actions = np.stack(pq.read_table(parquet)["action"].to_pylist())
     assert actions.shape == (16, 7) and np.abs(actions).max() <= 1.0 and actions[-1, 6] == 1.0  # lift, closed
     for cam in CAMERAS:
         assert (data / "videos" / "chunk-000" / cam / "episode_000001.mp4").stat().st_size > 0

@@ -55,8 +55,12 @@ def _data_note(cfg: RunConfig) -> str:
 def _root_note(cfg: RunConfig) -> str:
     from trainer.data.cache.location import resolve_data_path
     from trainer.data.formats.sources import (
-        LEROBOT, data_format, discover_source, missing_episodes, records_libero,
-    )  # fmt: skip
+        LEROBOT,
+        data_format,
+        discover_source,
+        missing_episodes,
+        records_libero,
+    )
 
     root = resolve_data_path(cfg)
     if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():

@@ -25,7 +25,8 @@ episode's task, fps 20, robot_type panda.
         runs the above into a temporary sibling of root and renames it into place when complete (a killed
         recording never looks like a dataset); RecordError (one line: why, and the fix) otherwise
 
-lerobot 0.3.3 and its writer's imports are in the simulator env's locks (sim/libero/nodeps.in, requirements.in).
+lerobot 0.3.3 and its writer's imports are in the simulator env's locks (sim/libero/nodeps.in,
+requirements.in).
 lerobot's writer imports torchvision at module level without calling it; the simulator env has no
 torchvision (its torch is the CPU build), so this process puts a stand-in module, raising on any use, in
 sys.modules before importing lerobot (_stand_in_torchvision; the test writer tests/support/lerobot_write.py
@@ -221,7 +222,7 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
     """Record into a temporary sibling of root, rename it into place; the caller holds the dataset lock."""
     from trainer.evaluation.sim.env import SimEnvError, choose_gl, ensure_env, worker_env
 
-    for line in ("!" * 100, ANNOUNCE, "!" * 100):  # a banner, as the stand-in encoders' (data/cache/prepare.py)
+    for line in ("!" * 100, ANNOUNCE, "!" * 100):  # a banner, as the stand-in encoders' (cache/prepare.py)
         say(line)
     say(f"data: recording {episodes} episode(s) of {length} steps in LIBERO {suite} into {root} (first use)")
     try:
@@ -238,7 +239,7 @@ def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Call
             "--episodes", str(episodes), "--length", str(length), "--suite", suite]  # fmt: skip
     try:
         env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
-        env["SVT_LOG"] = "1"  # the AV1 encoder's (lerobot's default codec) 20 info lines per video: errors only
+        env["SVT_LOG"] = "1"  # the AV1 encoder (lerobot's default codec): errors only, not 20 lines a video
         done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         if done.returncode != 0:  # its reason is on stderr, above
             raise RecordError(f"recording a LIBERO dataset failed (exit {done.returncode}; its output above)")
