@@ -187,6 +187,7 @@ class Summary:
     nonfinite_skipped: list[int] | None = None  # steps whose update was skipped (train.nonfinite=skip)
     grad_norm_max: dict[str, Any] | None = None  # {value, step}: the largest grad_norm seen in this attempt
     hung: dict[str, Any] | None = None  # Hung, when the launcher's stall detector ended the attempt
+    sim: dict[str, Any] | None = None  # eval.sim: the simulator evaluations (trainer/launcher/simresults.py)
     previous_status: str | None = None
     previous: dict[str, Any] | None = None  # a preflight failure keeps the last real run's outcome here
     written_at: str | None = None

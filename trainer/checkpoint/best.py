@@ -17,6 +17,11 @@ transformer/ for the simulator), also after the run dir is copied or moved (rela
 checkpoint: the layout's patterns (trainer/checkpoint/layout.py) match only checkpoint_step_N*, and
 pruning never follows a symlink (checkpointer.py). With no measured checkpoint the pointer is
 removed rather than left pointing at a pruned directory.
+
+By simulator success rate (eval.best_by sim, `best_by_of(cfg)` = "sim"): the complete checkpoint with the
+highest success rate among the finished evaluations of RUN_DIR/evaluation/sim.json (simrecords.py; the
+earliest on a tie), recomputed by rank 0 at every save and by the launcher after every evaluation. BestPin
+also keeps the checkpoints under evaluation (simrecords.pinned_steps) out of pruning.
 """
 
 from __future__ import annotations
@@ -27,10 +32,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trainer.checkpoint import simrecords
 from trainer.checkpoint.layout import TRAIN_STATE, CheckpointInfo
 
 POINTER = "best"
 _METRIC_KEYS = {"val_action_loss": "action_loss", "val_latent_loss": "latent_loss", "val_loss": "loss"}
+SIM = "sim"  # eval.best_by: the simulator's success rate (higher is better)
+
+
+def best_by_of(cfg: Any) -> str:
+    """The metric that picks the best checkpoint: eval.best_by sim, else checkpoint.best_by."""
+    return SIM if cfg.eval.best_by == SIM else cfg.checkpoint.best_by
 
 
 def measured(info: CheckpointInfo, best_by: str) -> float | None:
@@ -44,7 +56,12 @@ def measured(info: CheckpointInfo, best_by: str) -> float | None:
 
 
 def find_best(complete: list[CheckpointInfo], best_by: str) -> tuple[CheckpointInfo, float] | None:
-    """The complete checkpoint with the lowest measured `best_by` (earliest on a tie), with its value."""
+    """The complete checkpoint with the lowest measured `best_by` (earliest on a tie), with its value;
+    for "sim" the highest success rate (earliest on a tie)."""
+    if best_by == SIM and complete:
+        rates = simrecords.success_rates(complete[0].path.parent)
+        scored = [(c, rates[c.step]) for c in sorted(complete, key=lambda c: c.step) if c.step in rates]
+        return max(scored, key=lambda pair: pair[1]) if scored else None
     if best_by not in _METRIC_KEYS:
         return None
     best: tuple[CheckpointInfo, float] | None = None
@@ -80,14 +97,15 @@ def best_json(root: Path, complete: list[CheckpointInfo], best_by: str) -> dict[
         "step": info.step,
         "path": str(info.path),
         "pointer": str(Path(root) / POINTER),
-        "metric": best_by,
+        "metric": "sim_success_rate" if best_by == SIM else best_by,
         "value": value,
     }
 
 
 class BestPin:
     """Checkpointer.pin: called by rank 0 before pruning with the complete checkpoints; points `best` at
-    the best one and returns its step (the steps pruning must keep)."""
+    the best one and returns its step plus the steps under simulator evaluation (the steps pruning must
+    keep)."""
 
     def __init__(self, root: Path, best_by: str):
         self.root, self.best_by = Path(root), best_by
@@ -95,7 +113,7 @@ class BestPin:
     def __call__(self, complete: list[CheckpointInfo]) -> set[int]:
         found = find_best(complete, self.best_by)
         point(self.root, found[0] if found else None)
-        return {found[0].step} if found else set()
+        return ({found[0].step} if found else set()) | simrecords.pinned_steps(self.root)
 
 
-__all__ = ["POINTER", "BestPin", "best_json", "find_best", "measured", "point"]
+__all__ = ["POINTER", "SIM", "BestPin", "best_by_of", "best_json", "find_best", "measured", "point"]

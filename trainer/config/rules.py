@@ -19,6 +19,7 @@ trainer/config/load.py, with a line of the same shape.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ ENCODERS = ("patch_mean", "wan_vae")
 NORMALIZE = ("fit", "fixed", "quantile", "mean_std")
 # checkpoint.best_by: the held-out metric (trainer/loop/validate.py) that picks the best checkpoint, or none
 BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
+# eval.sim_suite: LIBERO's suites (trainer/evaluation/sim/suites.py SUITES; not imported: no torch here)
+SIM_SUITES = ("libero_10", "libero_spatial", "libero_object", "libero_goal")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ def _betas_ok(v: list[float], c: Any) -> bool:
     return len(v) == 2 and all(0 <= b < 1 for b in v)
 
 
+_TASKS = (
+    r"all|\d+(-\d+)?(,\d+(-\d+)?)*"  # eval.sim_tasks (bin/evaluate --tasks; the suite's size is judged there)
+)
 _PATHS = "a path: judged where it is read (the preflight or the data preparation), not here"
 
 RULES: dict[str, Rule | Free] = {
@@ -301,6 +307,33 @@ RULES: dict[str, Rule | Free] = {
     "checkpoint.skip_space_check": BOOL,
     "checkpoint.validate": BOOL,
     "checkpoint.best_by": _one_of(*BEST_BY),
+    # eval (the simulator evaluation during training: trainer/launcher/simeval.py)
+    "eval.sim": _one_of("none", "libero"),
+    "eval.sim_every": Rule(
+        "> 0 and, with eval.sim set, a multiple of checkpoint.every (only saved steps can be evaluated)",
+        lambda v, c: v > 0 and (c.eval.sim == "none" or v % c.checkpoint.every == 0),
+        "0",
+    ),
+    "eval.sim_suite": _one_of(*SIM_SUITES),
+    "eval.sim_tasks": Rule(
+        "all, or task numbers and ranges such as 0-2,5",
+        lambda v, c: re.fullmatch(_TASKS, str(v)) is not None,
+        "x",
+    ),
+    "eval.sim_episodes": POSITIVE,
+    "eval.sim_max_steps": POSITIVE,
+    "eval.sim_workers": Rule(">= 0 (0: bin/evaluate's default)", _non_negative, "-1"),
+    "eval.sim_device": Rule(
+        "cpu or cuda:K (a GPU index the ranks do not use)",
+        lambda v, c: re.fullmatch(r"cpu|cuda:\d+", str(v)) is not None,
+        "gpu",
+    ),
+    "eval.sim_wait_s": NON_NEGATIVE,
+    "eval.best_by": Rule(
+        "none, or sim with eval.sim set (the best checkpoint by simulator success rate)",
+        lambda v, c: v == "none" or (v == "sim" and c.eval.sim != "none"),
+        "sim",
+    ),
     # hang (the launcher's stall detector; the backend's timeout must outlast its limits)
     "hang.policy": _one_of("auto", "fail", "requeue"),
     "hang.step_factor": Rule(">= 2 (a multiple of the median step time)", lambda v, c: v >= 2, "1"),

@@ -175,6 +175,25 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Closed-loop evaluation in a simulator while training runs (trainer/launcher/simeval.py;
+    docs/evaluation.md "During training"): the launcher evaluates every sim_every-th checkpoint apart."""
+
+    sim: str = "none"  # none | libero: bin/evaluate CHECKPOINT --sim libero after each sim_every-th save
+    sim_every: int = 200  # steps; with sim set, a multiple of checkpoint.every
+    sim_suite: str = "libero_10"  # --suite
+    sim_tasks: str = "all"  # --tasks: all, or numbers and ranges (0-2,5)
+    sim_episodes: int = 50  # --episodes: per task
+    sim_max_steps: int = 800  # --max-steps
+    sim_workers: int = 0  # --workers: simulator processes; 0 = bin/evaluate's default (the cores less one)
+    sim_device: str = "cpu"  # cpu | cuda:K (a GPU the ranks do not use: bin/train --nproc one less)
+    sim_wait_s: float = 1800.0  # at the end of a run, how long the launcher waits for evaluations left
+    best_by: str = (
+        "none"  # sim: RUN_DIR/checkpoints/best is the highest success rate (not checkpoint.best_by)
+    )
+
+
+@dataclass
 class InferConfig:
     """Action inference (trainer/sampling/), as the reference's server runs it; defaults = upstream
     58c2ae5's wan_va/configs/va_franka_cfg.py (one arm + gripper, the setting closest to FurnitureBench)."""
@@ -244,6 +263,7 @@ class RunConfig:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     infer: InferConfig = field(default_factory=InferConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -3,7 +3,8 @@
 Values judgeable without them are trainer/config/rules.py's (exit 2, before this). Here, without reading
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
-  as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`); a LeRobot dataset's
+  as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`; the libero preset's
+  CPU scale records its LeRobot dataset there when it has none); a LeRobot dataset's
   meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
   videos;
 - encoders: data.vae_path (data.encoder wan_vae) and data.text_encoder hold their config.json (and the
@@ -53,7 +54,13 @@ def _data_note(cfg: RunConfig) -> str:
 
 def _root_note(cfg: RunConfig) -> str:
     from trainer.data.cache.location import resolve_data_path
-    from trainer.data.formats.sources import LEROBOT, data_format, discover_source, missing_episodes
+    from trainer.data.formats.sources import (
+        LEROBOT,
+        data_format,
+        discover_source,
+        missing_episodes,
+        records_libero,
+    )
 
     root = resolve_data_path(cfg)
     if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():
@@ -64,6 +71,12 @@ def _root_note(cfg: RunConfig) -> str:
         raise PreflightError(problem)
     if files:
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
+    if records_libero(cfg, root):
+        return (
+            f"data: no LeRobot dataset at {root}: the ranks record {cfg.data.generated_episodes} scripted "
+            f"episode(s) of {cfg.data.generated_length} steps there in LIBERO's simulator (a stand-in, "
+            "not demonstrations; first use)"
+        )
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
 
 

@@ -56,7 +56,7 @@ from trainer.checkpoint.layout import quarantine_damaged, resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
 from trainer.config.released import PretrainedConflict, PretrainedError, apply_pretrained_config
 from trainer.config.standins import check_stand_ins
-from trainer.launcher import early, nodes, stall, supervise
+from trainer.launcher import early, nodes, simeval, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
@@ -348,6 +348,9 @@ def _run(
     detector = stall.StallDetector(launch.cfg.hang, attempt, rdzv.node_rank, launch.world_size, policy)
     log = attempt.output_log(rdzv.node_rank)
     torchrun = supervise.Torchrun(command, launch.env, attempt, detector, log=log)
+    torchrun.sidecar = simeval.SimEval.start(
+        launch, attempt
+    )  # eval.sim: checkpoints evaluated beside the ranks
     rc = torchrun.wait()
     requeue_hang = torchrun.hung is not None and stall.settle(
         torchrun.hung, launch.run_dir, attempt, environ, args.no_requeue
@@ -355,6 +358,8 @@ def _run(
     result, signals = nodes.judge(launch, args.nproc, attempt, torchrun, rc)  # node 0: every node's
     exit_code = EXIT_CODES[result.status]
     assert exit_code is not None
+    if torchrun.sidecar is not None:  # before the summary: it carries the evaluations' records
+        torchrun.sidecar.finish(wait=exit_code == 0)
     if rdzv.node_rank == 0 and not write_final_summary(launch, attempt, result, rc, exit_code, started):
         exit_code = EXIT_FAILED  # the outcome is not on disk: never report success
         known.report = {"status": result.status, "reason": result.reason, "summary_written": False}

@@ -234,7 +234,8 @@ def env_checks(choice: EnvChoice, env: dict[str, str], run_dir: Path | None = No
 def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     """The run dir's filesystem must hold checkpoint.keep + 1 checkpoints (keep, plus the one being
     written), and one more when the best held-out checkpoint is pinned (checkpoint.best_by with
-    validation: pruning keeps it even when it is older than the newest keep), counting the space its
+    validation, or by simulator success rate: pruning keeps it even when it is older than the newest keep),
+    and one more with eval.sim (the checkpoint under evaluation is pinned while read), counting the space its
     existing checkpoints already take; PreflightError names both numbers.
     Returns notes (the estimate; a warning when checkpoint.skip_space_check overrides a refusal)."""
     from provision.nodeinfo import free_bytes, mount_of
@@ -244,9 +245,22 @@ def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
 
     one = estimate_bytes(cfg, model_size(cfg), world_size)
     pinned = cfg.checkpoint.validate and cfg.checkpoint.best_by != "none" and cfg.data.val_episodes != 0
-    count = cfg.checkpoint.keep + 1 + int(pinned)
-    what = f"checkpoint.keep + 1 = {count - int(pinned)} checkpoints" + (
-        f" and the best held-out one ({count})" if pinned else ""
+    pinned = pinned or cfg.eval.best_by == "sim"
+    simulated = cfg.eval.sim != "none"
+    count = cfg.checkpoint.keep + 1 + int(pinned) + int(simulated)
+    what = (
+        f"checkpoint.keep + 1 = {cfg.checkpoint.keep + 1} checkpoints"
+        + (
+            (
+                " and the best one by success rate"
+                if cfg.eval.best_by == "sim"
+                else " and the best held-out one"
+            )
+            if pinned
+            else ""
+        )
+        + (" and the one under simulator evaluation" if simulated else "")
+        + (f" ({count})" if count > cfg.checkpoint.keep + 1 else "")
     )
     complete, _ = scan(run_dir / "checkpoints")
     existing = sum(f.stat().st_size for c in complete for f in c.path.iterdir() if f.is_file())

@@ -28,12 +28,14 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
+from trainer.checkpoint.best import SIM, best_by_of, best_json
 from trainer.checkpoint.diskspace import OutOfSpace, guard
 from trainer.checkpoint.layout import scan
 from trainer.config import RunConfig
 from trainer.launcher import supervise
 from trainer.launcher.console import say
 from trainer.launcher.resolved import Launch
+from trainer.launcher.simresults import sim_summary
 from trainer.launcher.verdict import Verdict
 
 # the last line of a config error (exit 2): nothing is on disk to resume or to start from
@@ -192,7 +194,11 @@ def write_final_summary(
         world_size=launch.world_size,
         env={"prefix": str(launch.choice.prefix), "provisioned": launch.choice.provisioned},
         config=launch.cfg.name,
+        sim=sim_summary(launch.cfg, launch.run_dir),
     )
+    if best_by_of(launch.cfg) == SIM:  # evaluations may have finished after rank 0's summary
+        root = launch.run_dir / "checkpoints"
+        summary = dataclasses.replace(summary, best_checkpoint=best_json(root, scan(root)[0], SIM))
     try:
         with guard(summary_path(launch.run_dir), "summary write", needed=len(str(summary.to_json()))):
             write_summary(launch.run_dir, summary)

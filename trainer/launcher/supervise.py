@@ -105,6 +105,7 @@ class Torchrun:
         self.proc: subprocess.Popen[str] | None = None
         self.killed_note: str | None = None  # set when torchrun itself was killed (see wait)
         self.stopped_before_ranks: str | None = None  # the signal that ended torchrun before any rank ran
+        self.sidecar: Any = None  # simeval.SimEval (eval.sim): halted, and its processes spared, at the end
         for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
             signal.signal(sig, self.request_stop)
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0  # orphaned ranks come back to us
@@ -227,6 +228,8 @@ class Torchrun:
     def wait(self) -> int:
         assert self.proc is not None
         rc = self._watch()
+        if self.sidecar is not None:  # no new evaluator from here on; the running one is not an orphan
+            self.sidecar.halt()
         orphans = self._stop_orphans()  # before the pump: an orphan still holds torchrun's stderr pipe
         for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
             signal.signal(sig, _too_late)
@@ -247,6 +250,8 @@ class Torchrun:
             left = psutil.Process().children(recursive=True)
         except psutil.Error:
             return []
+        spared = self.sidecar.pids() if self.sidecar is not None else set()
+        left = [p for p in left if p.pid not in spared]
         for proc in left:
             try:
                 proc.kill()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.attempt import PREEMPTED, STEP, Attempt, Progress, Summary, checkpoint_json
-from trainer.checkpoint.best import best_json
+from trainer.checkpoint.best import best_by_of, best_json
 from trainer.checkpoint.checkpointer import scan
 from trainer.checkpoint.diskspace import OutOfSpace, guard
 from trainer.loop.metrics import Metrics, memory_gib
@@ -110,9 +110,7 @@ def final_summary(rig: Rig, state: LoopState, stop: StopRequest, attempt_id: str
         nonfinite_skipped=list(state.policy.skipped),
         grad_norm_max=state.spikes.peak(),
         validation=_last_validation(state),
-        best_checkpoint=best_json(
-            rig.checkpointer.root, scan(rig.checkpointer.root)[0], rig.cfg.checkpoint.best_by
-        ),
+        best_checkpoint=best_json(rig.checkpointer.root, scan(rig.checkpointer.root)[0], best_by_of(rig.cfg)),
     )
 
 

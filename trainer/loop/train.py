@@ -55,7 +55,7 @@ from trainer.attempt import (
     summary_path,
     write_summary,
 )
-from trainer.checkpoint.best import BestPin
+from trainer.checkpoint.best import BestPin, best_by_of
 from trainer.checkpoint.checkpointer import Checkpointer, NonFiniteState, PeerStopped, scan
 from trainer.checkpoint.diskspace import find_out_of_space, guard
 from trainer.checkpoint.size import ModelSize, estimate_bytes
@@ -134,8 +134,8 @@ def build(
         device=device,
     )  # fmt: skip
     checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
-    if cfg.checkpoint.best_by != "none":
-        checkpointer.pin = BestPin(ckpt_root, cfg.checkpoint.best_by)
+    if best_by_of(cfg) != "none" or cfg.eval.sim != "none":  # the best; checkpoints under simulation
+        checkpointer.pin = BestPin(ckpt_root, best_by_of(cfg))
     breakdown = StepBreakdown(device)
     rig = Rig(cfg, rank, world_size, device, model, optimizer, scheduler, stream, checkpointer, breakdown)
     complete, rig.why_fresh = scan(ckpt_root)

@@ -2,15 +2,21 @@
 
     fmt = data_format(cfg, root)        # lerobot (data.format, or auto: root/meta/info.json) | furniturebench
     found = discover_source(cfg)        # trainer/data/formats/discovery.py's Discovery for either format
-    ensure_dataset(cfg)                 # the episode files, generating FurnitureBench ones when allowed
+    ensure_dataset(cfg, say)            # the episode files, generating FurnitureBench ones / recording the
+                                        # LIBERO stand-in when allowed
     missing_episodes(cfg, root)         # why there are none (None: may be generated); the preflight's too
 
 A LeRobot dataset's episode files are its parquet files, listed by meta/episodes.jsonl (one missing on disk
-is named when read). LeRobot data is never generated.
+is named when read). LeRobot data is never generated, with one exception: data.dataset libero with
+data.generate_if_missing on (the libero preset's CPU scale) and no dataset at data.path records a small one
+in LIBERO's simulator on first use (trainer/data/formats/libero_record.py: a scripted motion, not
+demonstrations, written by lerobot 0.3.3's writer; announced), data.generated_episodes x
+data.generated_length steps of the suite RECORDED_SUITE.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from trainer.data.cache.location import dataset_lock, resolve_data_path
@@ -20,6 +26,16 @@ from trainer.data.formats.generate import generate_dataset
 
 LEROBOT = "lerobot"
 FURNITUREBENCH = "furniturebench"
+RECORDED_SUITE = "libero_goal"  # the suite the recorded LIBERO stand-in's episodes come from
+
+
+def records_libero(cfg, root: Path | None = None) -> bool:
+    """Whether a missing LeRobot dataset at root is recorded in LIBERO's simulator (see the docstring)."""
+    return (
+        cfg.data.dataset == "libero"
+        and bool(cfg.data.generate_if_missing)
+        and data_format(cfg, root if root is not None else resolve_data_path(cfg)) == LEROBOT
+    )
 
 
 def data_format(cfg, root: Path | None = None) -> str:
@@ -42,12 +58,15 @@ def discover_source(cfg, root: Path | None = None) -> Discovery:
     return discover(root, cfg.data.task)
 
 
-def ensure_dataset(cfg) -> list[Path]:
-    """Episode files under cfg.data.path, generating FurnitureBench ones first when allowed."""
+def ensure_dataset(cfg, say: Callable[[str], None] = print) -> list[Path]:
+    """Episode files under cfg.data.path, generating FurnitureBench ones (or recording the LIBERO stand-in)
+    first when allowed; `say` announces a recording (whichever rank records says it)."""
     root, task = resolve_data_path(cfg), cfg.data.task
     files = discover_source(cfg, root).files
     if files:
         return files
+    if records_libero(cfg, root):
+        return _record_libero(cfg, root, say)
     if data_format(cfg, root) == LEROBOT or not cfg.data.generate_if_missing:
         raise DatasetError(missing_episodes(cfg, root) or "")
     with dataset_lock(root):
@@ -63,10 +82,31 @@ def ensure_dataset(cfg) -> list[Path]:
     return files
 
 
+def _record_libero(cfg, root: Path, say: Callable[[str], None]) -> list[Path]:
+    from trainer.data.formats.libero_record import record_dataset
+
+    with dataset_lock(root):
+        files = discover_source(cfg, root).files  # another rank (or run) may have recorded meanwhile
+        if not files:
+            problem = missing_episodes(cfg, root)
+            if problem:
+                raise DatasetError(problem)
+            record_dataset(root, cfg.data.generated_episodes, cfg.data.generated_length, RECORDED_SUITE, say)
+            files = discover_source(cfg, root).files
+    return files
+
+
 def missing_episodes(cfg, root: Path) -> str | None:
     """Why `root`, which holds no episodes, cannot get them (None: they may be generated).
     The launcher's preflight asks this too (trainer/launcher/inputs.py)."""
     task = cfg.data.task
+    if records_libero(cfg, root):
+        if root.exists() and any(p for p in root.iterdir() if not p.name.startswith(".")):
+            return (
+                f"{root}: the directory exists but holds no LeRobot dataset (no meta/info.json) to train on "
+                "or record into; remove it, or point data.path at a LeRobot LIBERO dataset"
+            )
+        return None
     if data_format(cfg, root) == LEROBOT:
         return (
             f"{root}: no LeRobot episodes (data.format=lerobot wants {root}/meta/info.json and "

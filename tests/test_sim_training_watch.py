@@ -1,0 +1,203 @@
+"""The simulator evaluation during training, without a run or a simulator: the eval.* rules, the pins and
+best-by-sim that retention and checkpoints/best follow, and the launcher's watcher (trainer/launcher/
+simeval.py) driving a stand-in evaluator command (a shell script in place of bin/evaluate's python: what is
+tested is the watcher's bookkeeping, not the evaluation; tests/test_sim_training.py runs the real one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import simrecords
+from trainer.checkpoint.best import BestPin, best_by_of
+from trainer.checkpoint.layout import CheckpointInfo, prune, scan
+from trainer.checkpoint.size import estimate_bytes, model_size
+from trainer.config import apply_overrides, load_config, parse_set
+from trainer.config.rules import violations
+from trainer.launcher import simeval
+from trainer.launcher.errors import PreflightError
+from trainer.launcher.preflight import space_check
+
+pytestmark = pytest.mark.fast
+
+
+def _cfg(*sets: str):
+    cfg = load_config("libero", cpu_scale=True)
+    apply_overrides(cfg, parse_set(list(sets)), "--set")
+    return cfg
+
+
+def test_rules_judge_the_eval_keys():
+    assert not violations(_cfg("eval.sim=libero", "eval.sim_every=20"))
+    bad = violations(_cfg("eval.sim=libero", "eval.sim_every=15"))  # checkpoint.every is 10 at cpu scale
+    assert len(bad) == 1 and "eval.sim_every=15" in bad[0] and "multiple of checkpoint.every" in bad[0]
+    assert not violations(_cfg("eval.sim_every=15"))  # off: nothing to line up
+    (line,) = violations(_cfg("eval.best_by=sim"))
+    assert "eval.best_by='sim'" in line and "eval.sim set" in line
+    (line,) = violations(_cfg("eval.sim_tasks=1-"))
+    assert "eval.sim_tasks" in line
+    assert not violations(_cfg("eval.sim_tasks=0-2,5", "eval.sim_device=cuda:7"))
+    full = load_config("libero", cpu_scale=False).eval
+    assert (full.sim, full.sim_every, full.sim_episodes) == ("libero", 200, 50)
+    assert load_config("furniture_train", cpu_scale=False).eval.sim == "none"
+
+
+def _checkpoint(root: Path, step: int) -> CheckpointInfo:
+    path = root / f"checkpoint_step_{step}"
+    path.mkdir(parents=True)
+    (path / "train_state.json").write_text(json.dumps({"step": step}))
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / "COMPLETE").write_text(json.dumps({"step": step, "files": files}))
+    return CheckpointInfo(step, path)
+
+
+def test_retention_keeps_a_pinned_checkpoint_and_best_by_sim(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6, 8):
+        _checkpoint(root, step)
+    simrecords.pin(root, 2)
+    for step, rate in ((4, 0.5), (6, 0.75), (8, 0.75)):
+        simrecords.write_record(root, {"step": step, "status": "done", "success_rate": rate})
+    simrecords.write_record(root, {"step": 2, "status": "abandoned", "success_rate": None})
+    assert best_by_of(_cfg("eval.sim=libero", "eval.sim_every=10", "eval.best_by=sim")) == "sim"
+    prune(root, keep=1, keep_step=8, pin=BestPin(root, "sim"))
+    assert [c.step for c in scan(root)[0]] == [2, 6, 8]  # pinned, best (earliest of the highest), newest
+    assert os.readlink(root / "best") == "checkpoint_step_6"
+    simrecords.unpin(root, 2)
+    prune(root, keep=1, keep_step=8, pin=BestPin(root, "sim"))
+    assert [c.step for c in scan(root)[0]] == [6, 8]
+
+
+FAKE_EVALUATOR = """#!/bin/sh
+# stand-in for `python -m trainer.evaluation.cli CKPT --sim libero ... --plots-dir OUT ...`
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--plots-dir" ] && out="$a"; prev="$a"; done
+echo "$@" > "$out/argv"
+if [ -f "$HOLD" ]; then touch "$out/holding"; while [ -f "$HOLD" ]; do sleep 0.05; done; fi
+[ -d "$3" ] || exit 1  # the checkpoint went away while it was read
+printf '{"success_rate": 0.5, "episodes": 2, "successes": 1, "requested": 2, "missing": 0, "out": "%s"}' \
+  "$out" > "$out/results.json"
+"""
+
+
+def _watcher(tmp_path: Path, *sets: str) -> simeval.SimEval:
+    fake = tmp_path / "fake-python"
+    fake.write_text(FAKE_EVALUATOR)
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    cfg = _cfg("eval.sim=libero", "eval.sim_every=2", "eval.sim_tasks=0", "eval.sim_episodes=2", *sets)
+    env = {**os.environ, "HOLD": str(tmp_path / "hold")}
+    return simeval.SimEval(cfg, tmp_path / "run", str(fake), env, tmp_path / "stop", cpu_scale=True)
+
+
+def _drive(sim: simeval.SimEval) -> None:
+    """Poll until nothing runs (the fake evaluator ends on its own unless held)."""
+    sim.poll()
+    while sim.current is not None:
+        sim.current.proc.wait(timeout=60)
+        sim.poll()
+
+
+def test_watcher_evaluates_due_checkpoints_and_publishes(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path, "eval.best_by=sim")
+    _checkpoint(root, 1)
+    _checkpoint(root, 2)
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert list(records) == [2] and records[2]["status"] == "done" and records[2]["success_rate"] == 0.5
+    out = tmp_path / "run" / "evaluation" / "checkpoint_step_2" / "libero" / "libero_10"
+    argv = (out / "argv").read_text().split()
+    assert argv[:4] == ["-m", "trainer.evaluation.cli", str(root / "checkpoint_step_2"), "--sim"]
+    assert argv[argv.index("--tasks") + 1] == "0" and argv[argv.index("--episodes") + 1] == "2"
+    (line,) = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert line["record"] == "sim" and line["step"] == 2 and line["sim/success_rate"] == 0.5
+    assert os.readlink(root / "best") == "checkpoint_step_2"
+    assert not simrecords.pinned_steps(root)
+    sim.publisher.close()
+    assert list((tmp_path / "run" / "tensorboard").glob("*.sim"))
+
+
+def test_watcher_records_a_pruned_and_a_removed_checkpoint(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path)
+    (tmp_path / "hold").touch()
+    for step in (2, 4, 6):
+        _checkpoint(root, step)
+    sim.poll()  # step 2 runs (held), 4 and 6 queued
+    assert sim.current is not None and simrecords.pinned_steps(root) == {2}
+    shutil.rmtree(root / "checkpoint_step_4")  # checkpoint.keep pruned it before its turn
+    shutil.rmtree(root / "checkpoint_step_2")  # gone while evaluated (by hand: the pin keeps it from prune)
+    (tmp_path / "hold").unlink()
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "abandoned", 4: "skipped", 6: "done"}
+    assert "removed while evaluated" in records[2]["reason"] and records[2]["success_rate"] is None
+    _checkpoint(root, 10)  # 8 was saved and pruned between two polls: said, not silently lost
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert records[8]["status"] == "skipped" and records[10]["status"] == "done"
+
+
+def test_stop_abandons_the_running_evaluation_and_the_queue(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path)
+    (tmp_path / "hold").touch()
+    _checkpoint(root, 2)
+    _checkpoint(root, 4)
+    sim.poll()
+    out = tmp_path / "run" / "evaluation" / "checkpoint_step_2" / "libero" / "libero_10"
+    deadline = time.monotonic() + 60
+    while not (out / "holding").exists():  # the evaluator is inside its evaluation
+        assert sim.current is not None and sim.current.proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)  # polling for an event, with a deadline
+    proc = sim.current.proc
+    (tmp_path / "stop").touch()  # the attempt's stop file: a stop signal reached the launcher
+    sim.poll()
+    assert proc.poll() is not None and sim.current is None
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "abandoned", 4: "abandoned"}
+    assert records[2]["success_rate"] is None and not (out / "results.json").exists()
+    assert not simrecords.pinned_steps(root)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_finish_waits_within_its_bound_or_abandons(tmp_path, wait):
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path, f"eval.sim_wait_s={60 if wait else 0}")
+    _checkpoint(root, 2)
+    (tmp_path / "hold").touch()
+    sim.poll()
+    if wait:
+        (tmp_path / "hold").unlink()  # the evaluator finishes while the launcher waits for it
+    sim.finish(wait=True)  # a completed run
+    status = simrecords.read_records(root)[2]["status"]
+    assert status == ("done" if wait else "abandoned")
+
+
+def test_preflight_counts_the_checkpoint_under_evaluation_and_the_best_by_sim(tmp_path, monkeypatch):
+    cfg = _cfg("checkpoint.keep=2", "eval.sim=libero", "eval.best_by=sim", "checkpoint.validate=false")
+    one = estimate_bytes(cfg, model_size(cfg), 1)
+    monkeypatch.setattr("provision.nodeinfo.free_bytes", lambda path: int(one * 4.5))  # 4 fit, not 5
+    want = r"3 checkpoints and the best one by success rate and the one under simulator evaluation \(5\)"
+    with pytest.raises(PreflightError, match=want):
+        space_check(tmp_path, cfg, 1)
+
+
+def test_a_resumed_run_evaluates_again_what_was_abandoned_not_what_finished(tmp_path):
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6):
+        _checkpoint(root, step)
+    simrecords.write_record(root, {"step": 2, "status": "done", "success_rate": 0.5})
+    simrecords.write_record(root, {"step": 4, "status": "abandoned", "reason": "a stop signal"})
+    simrecords.write_record(root, {"step": 6, "status": "failed"})
+    sim = _watcher(tmp_path)
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "done", 6: "failed"}
+    assert records[2]["success_rate"] == 0.5 and "finished" not in records[2]  # untouched

@@ -1,0 +1,95 @@
+"""Simulator evaluations of a run's checkpoints, as retention and the best checkpoint see them.
+
+    pin(root, step); unpin(root, step)     # the launcher, around one checkpoint's evaluation
+    pinned_steps(root)                      # {steps}: retention (checkpoint.keep) leaves them alone
+    read_records(root)                      # {step: record}: RUN_DIR/evaluation/sim.json
+    write_record(root, record)              # the launcher, after each evaluation (atomic)
+    success_rates(root)                     # {step: rate} of the finished evaluations
+
+`root` is RUN_DIR/checkpoints. Both files live outside it (pruning removes any unknown folder there):
+
+    RUN_DIR/evaluation/sim-pins/checkpoint_step_N   exists while the launcher's evaluator reads that
+                                                     checkpoint; holds the launcher's pid
+    RUN_DIR/evaluation/sim.json                      {"evaluations": {"<step>": record}}, one writer (the
+                                                     launcher, trainer/launcher/simeval.py)
+
+A record: {step, status, success_rate, episodes, successes, results, seconds, started, finished, reason};
+status is `done` (results.json complete, every asked episode ran), `failed` (the evaluator exited
+non-zero), `abandoned` (stopped by a stop signal, the end-of-run bound, or its checkpoint vanished), or
+`skipped` (its checkpoint was pruned by checkpoint.keep before its turn). Only `done` records carry a
+success_rate that counts (metrics, best_by sim). Rank 0 reads this file when it prunes (best.py BestPin),
+so a finished evaluation's checkpoint is judged by its record, not by its pin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from provision.atomic import write_json_atomic
+
+RECORDS = "sim.json"
+PINS = "sim-pins"
+DONE, FAILED, ABANDONED, SKIPPED = "done", "failed", "abandoned", "skipped"
+
+
+def evaluation_dir(root: Path) -> Path:
+    return Path(root).parent / "evaluation"
+
+
+def pin_path(root: Path, step: int) -> Path:
+    return evaluation_dir(root) / PINS / f"checkpoint_step_{step}"
+
+
+def pin(root: Path, step: int) -> None:
+    path = pin_path(root, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+
+
+def unpin(root: Path, step: int) -> None:
+    pin_path(root, step).unlink(missing_ok=True)
+
+
+def pinned_steps(root: Path) -> set[int]:
+    folder = evaluation_dir(root) / PINS
+    steps = set()
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        number = entry.name.removeprefix("checkpoint_step_")
+        if number.isdigit():
+            steps.add(int(number))
+    return steps
+
+
+def read_records(root: Path) -> dict[int, dict[str, Any]]:
+    try:
+        data = json.loads((evaluation_dir(root) / RECORDS).read_text())
+        found = data["evaluations"]
+        return {int(k): v for k, v in found.items() if isinstance(v, dict)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def write_record(root: Path, record: dict[str, Any]) -> None:
+    records = read_records(root)
+    records[int(record["step"])] = record
+    path = evaluation_dir(root) / RECORDS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"evaluations": {str(k): records[k] for k in sorted(records)}})
+
+
+def success_rates(root: Path) -> dict[int, float]:
+    rates = {}
+    for step, record in read_records(root).items():
+        rate = record.get("success_rate")
+        if record.get("status") == DONE and isinstance(rate, int | float):
+            rates[step] = float(rate)
+    return rates
+
+
+__all__ = [
+    "ABANDONED", "DONE", "FAILED", "SKIPPED", "evaluation_dir", "pin", "pin_path", "pinned_steps",
+    "read_records", "success_rates", "unpin", "write_record",
+]  # fmt: skip
