@@ -20,11 +20,22 @@ trainer/config/load.py, with a line of the same shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from trainer.config.rulekinds import (
+    BOOL,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    Free,
+    Rule,
+    _non_negative,
+    _one_of,
+    _positive,
+)
 from trainer.config.schema import ConfigError, RunConfig
+
+__all__ = ["Free", "Rule", "RULES", "check", "value_of", "violations"]
 
 # Datasets the loader reads: FurnitureBench episodes in their published .pkl format (trainer/data/).
 DATASETS = ("furniture_train", "libero", "robotwin")
@@ -41,45 +52,11 @@ BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
 SIM_SUITES = ("libero_10", "libero_spatial", "libero_object", "libero_goal")
 
 
-@dataclass(frozen=True)
-class Rule:
-    allowed: str
-    ok: Callable[[Any, RunConfig], bool] | None
-    bad: str
-
-
-@dataclass(frozen=True)
-class Free:
-    why: str
-
-
-def _positive(v: Any, c: Any) -> bool:
-    return bool(v > 0)
-
-
-def _non_negative(v: Any, c: Any) -> bool:
-    return bool(v >= 0)
-
-
-def _fraction(v: Any, c: Any) -> bool:
-    return bool(0 <= v <= 1)
-
-
 def ac_value_ok(value) -> bool:
     """model.activation_checkpointing's values (trainer/config/perf.py parses them)."""
     words = ("auto", "none", "full", "op", "true", "false")
     kind, _, every = str(value).partition(":")
     return value in words or (kind == "block" and every.isdigit() and int(every) >= 1)
-
-
-def _one_of(*names: str) -> Rule:
-    return Rule("one of " + ", ".join(names), lambda v, c: v in names, "nope")
-
-
-BOOL = Rule("true or false", None, "maybe")
-POSITIVE = Rule("> 0", _positive, "0")
-NON_NEGATIVE = Rule(">= 0", _non_negative, "-1")
-FRACTION = Rule("in 0..1", _fraction, "1.5")
 
 
 def rope_fits(head_dim: int) -> bool:
