@@ -45,6 +45,9 @@ FIRST = (
     "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
     "tests/test_slurm.py",  # 16 scenarios at once on one cluster
     "tests/test_validate.py",
+    "tests/test_sim_libero.py",  # waits for the LIBERO simulator env bin/test builds beside it, then runs it
+    "tests/test_sim_training_recorded.py",  # bin/train libero records its dataset in the simulator
+    "tests/test_sim_training.py",
     "tests/test_provision.py",
     "tests/test_diskspace.py",
     "tests/test_resume.py",
