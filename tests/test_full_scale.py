@@ -163,3 +163,46 @@ def test_the_override_serves_announced_stand_in_text(released, tmp_path):
     )
     assert any("STAND-IN INPUTS FOR THE RELEASED TRANSFORMER" in line for line in lines), lines
     assert served.stand_ins  # and bin/serve repeats each one on its terminal
+
+
+@pytest.fixture
+def released_dims(tmp_path) -> Path:
+    """A folder with the released transformer's config.json (24 x 128, 30 layers) and no weights: what the
+    launcher and bin/evaluate / bin/serve read before any weight (the refusal must come first)."""
+    layout = json.loads((REPO / "tests/fixtures/released_layout.json").read_text())
+    folder = tmp_path / "lingbot-va-base" / "transformer"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(
+        json.dumps({"_class_name": "WanTransformer3DModel", **layout["config"]})
+    )
+    # an empty weights file: the folder resolves as a transformer/, and any weight read would fail
+    (folder / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    return folder.parent
+
+
+def test_the_released_architecture_with_stand_ins_is_refused_at_cpu_scale_too(
+    released_dims, tmp_path, capsys
+):
+    """A CPU machine's cpu_scale block (the stand-in encoders) with the released weights, by model.pretrained
+    or as a served folder: refused like the full scale, before any weight is read (the folder has none)."""
+    run_dir = tmp_path / "run"
+    code = launch.main(
+        [
+            "furniture_train",
+            "1",
+            "--cpu-scale",
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            f"model.pretrained={released_dims}",
+        ]
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    said = "\n".join(lines)
+    assert code == 2 and "data.encoder=patch_mean" in lines[-1] and str(released_dims) in lines[-1], said
+    assert not run_dir.exists()
+    from trainer.config import ConfigError
+    from trainer.sampling.load import load_model
+
+    with pytest.raises(ConfigError, match="weights-free stand-in input"):
+        load_model(released_dims, load_config("libero", cpu_scale=True), full_scale=False)

@@ -5,10 +5,13 @@ The released LingBot-VA transformer was trained on Wan2.2 VAE latents and umT5 p
 weights-free stand-ins instead (data.encoder patch_mean, data.text_encoder ""), every action it gives is
 meaningless while every shape is right: a silent wrong result. So at full scale a run whose model.pretrained
 is set, and an evaluation or a server of a reference-layout folder (the released weights or an export), is
-refused when either encoder is a stand-in: one line naming the setting to fix (a ConfigError: exit 2). The
-only way past is data.allow_stand_in_encoders=true: `banner` then announces it (`!!!` lines) and the run
-records it (summary.json data.allow_stand_in_encoders). The CPU-scale variants (`cpu_scale:`: random
-weights, or a tiny folder under test) keep the stand-ins, announced where they are used.
+refused when either encoder is a stand-in: one line naming the setting to fix (a ConfigError: exit 2). So is
+the released architecture at any scale (a released folder's config.json dimensions, e.g. a CPU machine's
+cpu_scale block with --set model.pretrained=models/lingbot-va-base, or bin/serve of the released folder on a
+node that sees no GPU): the scale is where it runs, not what the weights were trained on. The only way past
+is data.allow_stand_in_encoders=true: `banner` then announces it (`!!!` lines) and the run records it
+(summary.json data.allow_stand_in_encoders). The CPU-scale variants (`cpu_scale:`: random weights, or a tiny
+folder under test) keep the stand-ins, announced where they are used.
 
     stand_ins(cfg)                                   # the stand-in settings, e.g. ["data.encoder=patch_mean"]
     refusal(cfg, released, full_scale, weights)      # the one line, or None
@@ -25,6 +28,14 @@ from pathlib import PurePath
 from trainer.config.schema import ConfigError, RunConfig
 
 ALLOW = "data.allow_stand_in_encoders"
+# The released transformer's (dim, heads, depth): its config.json (tests/fixtures/released_layout.json:
+# 24 heads x 128, 30 layers); a folder of these dimensions holds the released weights or a fine-tune of them.
+RELEASED_DIMS = (3072, 24, 30)
+
+
+def released_architecture(cfg: RunConfig) -> bool:
+    """Whether cfg's transformer has the released dimensions (after a pretrained folder's config.json)."""
+    return (cfg.model.dim, cfg.model.heads, cfg.model.depth) == RELEASED_DIMS
 
 
 def stand_ins(cfg: RunConfig) -> list[str]:
@@ -53,7 +64,8 @@ def refusal(cfg: RunConfig, released: bool, full_scale: bool, weights: str = "")
     """The refusal line when the released transformer (`released`: model.pretrained set, or a reference-
     layout folder `weights` evaluated or served) would get stand-in inputs at full scale; else None."""
     found = stand_ins(cfg)
-    if not (released and full_scale and found) or getattr(cfg.data, "allow_stand_in_encoders", False):
+    judged = full_scale or released_architecture(cfg)
+    if not (released and judged and found) or getattr(cfg.data, "allow_stand_in_encoders", False):
         return None
     where = weights or cfg.model.pretrained
     return (
@@ -71,7 +83,7 @@ def check_stand_ins(
     if line is not None:
         raise ConfigError(line)
     found = stand_ins(cfg)
-    if released and full_scale and found:  # allowed: never silent
+    if released and (full_scale or released_architecture(cfg)) and found:  # allowed: never silent
         where = weights or cfg.model.pretrained
         say("!" * 100)
         say(f"!!! STAND-IN INPUTS FOR THE RELEASED TRANSFORMER ({where}): {', '.join(found)}")

@@ -157,13 +157,14 @@ def _load(args: argparse.Namespace, gpus: int) -> tuple[RunConfig, bool, Pretrai
     # On a machine without a GPU the config's cpu_scale block applies unless asked otherwise.
     cpu_scale = args.cpu_scale if args.cpu_scale is not None else (args.sbatch is None and gpus == 0)
     cfg, sources = resolve_config(args.config, cpu_scale=cpu_scale, overrides=parse_set(args.set))
-    check_stand_ins(cfg, bool(cfg.model.pretrained), not cpu_scale, "", say)  # trainer/config/standins.py
     try:  # the dimensions come from its config.json; only a value the user set can conflict
         apply_pretrained_config(cfg, sources)
     except PretrainedConflict as exc:
         raise ConfigError(str(exc)) from exc
     except PretrainedError as exc:
+        check_stand_ins(cfg, bool(cfg.model.pretrained), not cpu_scale, "", say)
         return cfg, cpu_scale, exc
+    check_stand_ins(cfg, bool(cfg.model.pretrained), not cpu_scale, "", say)  # after config.json's dims
     try:
         check_config(cfg, sources)
     except ConfigError as exc:  # a dimension from config.json that this trainer cannot build

@@ -125,9 +125,16 @@ def load_model(target: str | Path, cfg_for_reference: RunConfig | None, full_sca
         return load_checkpoint_model(path, cfg).float(), cfg, f"checkpoint {path}"
     if cfg_for_reference is None:
         raise TargetError(f"{path}: a reference-layout folder needs a run config (--config)")
+    from trainer.config.released import PretrainedError, apply_pretrained_config
     from trainer.config.standins import check_stand_ins
 
-    check_stand_ins(cfg_for_reference, True, full_scale, str(Path(target)), say)
+    dims = copy.deepcopy(cfg_for_reference)  # the folder's config.json dimensions: judged before any weight
+    dims.model.pretrained = str(path)
+    try:
+        apply_pretrained_config(dims, {})  # its dimensions, whatever the run config says (judged later)
+    except PretrainedError as exc:
+        raise TargetError(str(exc)) from exc
+    check_stand_ins(dims, True, full_scale, str(Path(target)), say)
     model, cfg = load_reference_model(path, cfg_for_reference)
     return model, cfg, f"reference-layout weights {path}"
 
