@@ -212,3 +212,28 @@ def test_actions_that_are_not_finite_are_never_sent():
     with pytest.raises(FloatingPointError, match="not finite.*nothing was sent"):
         session.observe(_frames(1)[0])
     assert not session.pending and session.sampler is not None and session.sampler.frame == 0
+
+
+def test_a_resets_episode_seed_chooses_the_noise_and_a_bad_one_is_refused():
+    """Two connections that each run one episode draw the same noise (each is its connection's episode 0),
+    unless the reset carries episode_seed (bin/evaluate --sim sends one per episode); a bad seed is refused
+    naming the field."""
+    from trainer.serving.protocol import decode_request, pack
+
+    served = _served()
+    frame = _frames(1)[0]
+
+    def first_chunk(episode_seed=None) -> np.ndarray:
+        session = Session(served)  # a connection of its own
+        session.reset("p", episode_seed)
+        return session.observe(frame)
+
+    np.testing.assert_array_equal(first_chunk(), first_chunk())
+    seven, eight = first_chunk(7), first_chunk(8)
+    np.testing.assert_array_equal(seven, first_chunk(7))
+    assert not np.array_equal(seven, eight)
+    assert decode_request(pack({"reset": True, "episode_seed": np.int64(7)}), served.spec).episode_seed == 7
+    for bad in (-1, 1.5, "7", True):
+        with pytest.raises(ProtocolError) as info:
+            decode_request(pack({"reset": True, "prompt": "p", "episode_seed": bad}), served.spec)
+        assert info.value.field == "episode_seed"

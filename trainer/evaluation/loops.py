@@ -75,11 +75,15 @@ class Episode:
     done: bool = False
 
 
-def libero_episode(client, sim: LiberoEnv, prompt: str, max_steps: int = 800) -> Episode:
-    """evaluation/libero/client.py run_one's loop (upstream steps until `timestep < 800`)."""
+def libero_episode(
+    client, sim: LiberoEnv, prompt: str, max_steps: int = 800, episode_seed: int | None = None
+) -> Episode:
+    """evaluation/libero/client.py run_one's loop (upstream steps until `timestep < 800`). `episode_seed`
+    (not upstream's): sent with the reset, the server's noise index for this episode (serving/protocol.py)."""
     out = Episode()
     first_obs = sim.reset()
-    client.infer(dict(reset=True, prompt=prompt))
+    seed = {} if episode_seed is None else {"episode_seed": episode_seed}
+    client.infer(dict(reset=True, prompt=prompt, **seed))
     done = False
     first = True
     while sim.timestep < max_steps:

@@ -10,6 +10,9 @@ upstream's clients raise on.
 
 Requests (upstream `VA_Server.infer`: the first true flag wins, extra keys are ignored):
     {"reset": True, "prompt": str}             -> Reset: a new episode (no prompt: the run's data.prompt)
+        (+ "episode_seed": int >= 0, this project's extension, never sent by upstream's clients: the
+        episode's noise index instead of the connection's own episode count, so that clients opening one
+        connection per episode, as bin/evaluate --sim does, draw independent noise per episode)
     {"compute_kv_cache": True, "obs": [frame, ...], "state": (C, F', N) float}
                                                -> Executed: the real frames and the executed actions
     {"obs": frame | [frame], ...}              -> Observe: the next chunk of actions
@@ -108,6 +111,7 @@ Frame = dict[str, np.ndarray]  # camera -> (H, W, 3) uint8
 @dataclass(frozen=True)
 class Reset:
     prompt: str | None
+    episode_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,12 @@ def decode_request(data: bytes | str, spec: Spec) -> Request:
             prompt = prompt[0]
         if prompt is not None and not isinstance(prompt, str):
             raise ProtocolError("prompt", f"expected a string, got {type(prompt).__name__}")
-        return Reset(prompt)
+        seed = msg.get("episode_seed")
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0
+        ):
+            raise ProtocolError("episode_seed", f"expected an integer >= 0, got {seed!r}")
+        return Reset(prompt, None if seed is None else int(seed))
     if msg.get("compute_kv_cache"):
         if "obs" not in msg:
             raise ProtocolError("obs", "compute_kv_cache needs the executed frames (a list of frames)")

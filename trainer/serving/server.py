@@ -240,7 +240,7 @@ def _run(session: Session, request: Message) -> tuple[dict, str, float]:
     start = time.perf_counter()
     reply: dict
     if isinstance(request, Reset):
-        session.reset(request.prompt)
+        session.reset(request.prompt, request.episode_seed)
         reply, kind = {}, "reset"
     elif isinstance(request, Executed):
         session.executed(request.frames, request.state)

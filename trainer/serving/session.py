@@ -160,19 +160,23 @@ class Session:
     def __init__(self, served: Served):
         self.served = served
         self.sampler: ChunkSampler | None = None
-        self.episode = -1  # index of the current episode on this connection (the noise seed's part)
+        self.episode = -1  # the current episode's noise index (the connection's count, or the client's seed)
+        self.count = -1  # episodes reset on this connection
         self.chunk = 0  # chunks sampled in this episode
         self.first_latent: torch.Tensor | None = None
         self.streams: list[Any] = []  # one LatentStream per camera, this episode's
         self.pending = False  # a chunk was sampled and its real frames have not arrived yet
 
-    def reset(self, prompt: str | None) -> None:
+    def reset(self, prompt: str | None, episode_seed: int | None = None) -> None:
+        """A new episode; its chunks' noise is seeded by (seed, e, k): e the connection's own episode count,
+        or `episode_seed` when the client sends one (protocol.py: one connection per episode)."""
         s = self.served
         emb, _ = s.text.embed(prompt if prompt is not None else s.cfg.data.prompt)
         self.sampler = ChunkSampler(
             s.model, s.cfg.infer, s.action_mask, torch.as_tensor(emb), s.empty_emb, video_grid=s.grid
         )
-        self.episode += 1
+        self.count += 1
+        self.episode = self.count if episode_seed is None else episode_seed
         self.chunk, self.first_latent, self.pending = 0, None, False
         self.streams = s.streams()
 

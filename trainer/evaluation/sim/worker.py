@@ -8,7 +8,8 @@ this repo it imports only the loop (trainer/evaluation/loops.py), the client (tr
 its codec), provision/atomic.py and trainer/testhooks.py. Jobs come on stdin, one JSON line each
 ({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
 below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
-connection of its own: the server's session, and so the noise of its chunks, is the episode's alone.
+connection of its own and sends its reset with `episode_seed` = crc32("suite/task/episode") (the protocol's
+one extension): the noise of its chunks is the episode's own, the same on every re-run.
 
 One episode is upstream 58c2ae5 evaluation/libero/client.py `run_one`: the loop itself is loops.py
 `libero_episode` (written line by line from run_one), on LiberoSim below, run_one's env side: the suite's
@@ -41,6 +42,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +169,9 @@ def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps:
     key_every = max(1, int(client.metadata["actions_per_frame"]) // 4)
     sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every)
     try:
-        played = libero_episode(client, sim, prompt, max_steps)
+        # the episode's own noise index on the server (a connection per episode would give every one 0)
+        noise = zlib.crc32(f"{suite.name}/{task}/{episode}".encode())
+        played = libero_episode(client, sim, prompt, max_steps, episode_seed=noise)
         steps = sim.timestep - SETTLE
     finally:
         env.close()
