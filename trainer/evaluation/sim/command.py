@@ -73,10 +73,13 @@ def default_workers() -> int:
     return max(1, cores - 1)
 
 
-def settings_of(opts: Options, checkpoint: str) -> dict:
-    """What an episode's outcome depends on besides its task and number: must match to resume."""
+def settings_of(opts: Options, checkpoint: str, device: str) -> dict:
+    """What an episode's outcome depends on besides its task and number: must match to resume (the run
+    config and its scale, which a reference-layout folder takes from --config; the device kind: fp32 on a
+    CPU, bf16 on a GPU)."""
     return {"suite": opts.suite, "checkpoint": checkpoint, "max_steps": opts.max_steps, "seed": opts.seed,
-            "sets": sorted(opts.sets), "cameras": sorted(opts.cameras)}  # fmt: skip
+            "sets": sorted(opts.sets), "cameras": sorted(opts.cameras), "config": opts.config,
+            "cpu_scale": opts.cpu_scale, "device": device}  # fmt: skip
 
 
 def check_settings(out: Path, want: dict) -> None:
@@ -114,14 +117,15 @@ def load(target: str, opts: Options, say: Callable[[str], None]):
 class Serving:
     """bin/serve's PolicyServer on a thread of this process, on a free loopback port."""
 
-    def __init__(self, served, log: Path):
+    def __init__(self, served, log: Path, workers: int):
         from trainer.serving.server import Limits, PolicyServer
 
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "a")
-        self.server = PolicyServer(
-            served, Limits(None, 64), lambda line: print(line, file=self.log, flush=True)
-        )
+        # one connection per worker, never refused; never closed as idle: a worker connects before it
+        # builds and settles its scene (up to episode_timeout's 10 min on a loaded node)
+        limits = Limits(None, max_connections=workers + 1, idle_timeout=0)
+        self.server = PolicyServer(served, limits, lambda line: print(line, file=self.log, flush=True))
         ready = threading.Event()
         self.thread = threading.Thread(
             target=lambda: asyncio.run(self.server.run("127.0.0.1", 0, lambda _: ready.set(), signals=False)),
@@ -146,7 +150,8 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, opts.workers or 1)
     served, checkpoint, out = load(target, opts, say)
-    check_settings(out, settings_of(opts, checkpoint))
+    device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
+    check_settings(out, settings_of(opts, checkpoint, device))
     python = ensure_env("libero", say)
     gl = choose_gl(python, say)
     done = load_records(out, tasks, opts.episodes)
@@ -160,7 +165,7 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     errors: list[dict] = []
     code, start = 0, time.monotonic()
     if jobs:
-        serving = Serving(served, out / "serve.log")
+        serving = Serving(served, out / "serve.log", workers)
         argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", "--uri", serving.uri,
                 "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps),
                 "--seed", str(opts.seed)]  # fmt: skip
@@ -172,9 +177,9 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
                 if "error" in record:
                     errors.append(record)
         except KeyboardInterrupt:
-            pool.stop()
             code = EXIT_INTERRUPTED
         finally:
+            pool.stop()  # every worker ended, whatever ended the loop (a no-op after a full run)
             progress.close()
             serving.close()
     result = summarise(

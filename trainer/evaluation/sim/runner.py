@@ -50,14 +50,18 @@ class Pool:
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
-    def _start(self, slot: int) -> subprocess.Popen:
+    def _start(self, slot: int) -> subprocess.Popen | None:
+        """A worker for `slot`, or None once stop() has begun (under the lock: stop() sees every worker
+        started before it, and none starts after)."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        with open(self.logs / f"worker-{slot}.log", "a") as log:
-            proc = subprocess.Popen(
-                self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                text=True, start_new_session=True,
-            )  # fmt: skip
         with self.lock:
+            if self.stopping.is_set():
+                return None
+            with open(self.logs / f"worker-{slot}.log", "a") as log:
+                proc = subprocess.Popen(
+                    self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                    text=True, start_new_session=True,
+                )  # fmt: skip
             self.procs[slot] = proc
         return proc
 
@@ -71,6 +75,8 @@ class Pool:
                     break
                 if proc is None or proc.poll() is not None:
                     proc = self._start(slot)
+                    if proc is None:
+                        break
                 assert proc.stdin is not None and proc.stdout is not None
                 hung = threading.Event()
                 watchdog = None
@@ -136,8 +142,8 @@ class Pool:
 
     def stop(self) -> None:
         """End every worker (SIGTERM to its session, SIGKILL after 10 s); their running episodes are lost."""
-        self.stopping.set()
         with self.lock:
+            self.stopping.set()
             procs = list(self.procs.values())
         for proc in procs:
             _end(proc)
