@@ -81,6 +81,7 @@ for a in "$@"; do [ "$prev" = "--plots-dir" ] && out="$a"; prev="$a"; done
 echo "$@" > "$out/argv"
 if [ -f "$HOLD" ]; then touch "$out/holding"; while [ -f "$HOLD" ]; do sleep 0.05; done; fi
 [ -d "$3" ] || exit 1  # the checkpoint went away while it was read
+[ -f "$EXIT_WITH" ] && exit "$(cat "$EXIT_WITH")"  # a run with errored episodes (1) or bad input (2)
 printf '{"success_rate": 0.5, "episodes": 2, "successes": 1, "requested": 2, "missing": 0, "out": "%s"}' \
   "$out" > "$out/results.json"
 """
@@ -91,7 +92,7 @@ def _watcher(tmp_path: Path, *sets: str) -> simeval.SimEval:
     fake.write_text(FAKE_EVALUATOR)
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     cfg = _cfg("eval.sim=libero", "eval.sim_every=2", "eval.sim_tasks=0", "eval.sim_episodes=2", *sets)
-    env = {**os.environ, "HOLD": str(tmp_path / "hold")}
+    env = {**os.environ, "HOLD": str(tmp_path / "hold"), "EXIT_WITH": str(tmp_path / "exit-with")}
     return simeval.SimEval(cfg, tmp_path / "run", str(fake), env, tmp_path / "stop", cpu_scale=True)
 
 
@@ -201,3 +202,23 @@ def test_a_resumed_run_evaluates_again_what_was_abandoned_not_what_finished(tmp_
     records = simrecords.read_records(root)
     assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "done", 6: "failed"}
     assert records[2]["success_rate"] == 0.5 and "finished" not in records[2]  # untouched
+
+
+def test_an_evaluation_with_errored_episodes_is_retried_and_bad_input_is_not(tmp_path):
+    """bin/evaluate exit 1 (episodes errored, or the simulator env did not build: its re-run continues) is
+    abandoned, so the next attempt evaluates that checkpoint again; exit 2 (bad input) is final."""
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path)
+    _checkpoint(root, 2)
+    (tmp_path / "exit-with").write_text("1")
+    _drive(sim)
+    _checkpoint(root, 4)
+    (tmp_path / "exit-with").write_text("2")
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "abandoned", 4: "failed"}
+    assert "exited 1" in records[2]["reason"] and "evaluates it again" in records[2]["reason"]
+    (tmp_path / "exit-with").unlink()
+    _drive(_watcher(tmp_path))  # the next attempt
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "failed"}

@@ -217,10 +217,11 @@ class SimEval:
             self._record(
                 run.step, simrecords.ABANDONED, run, None, "its checkpoint was removed while evaluated"
             )
-        else:
-            self._record(
-                run.step, simrecords.FAILED, run, result, f"bin/evaluate exited {rc} (log {run.log})"
-            )
+        elif rc == 2:  # bad input: the same command fails the same way, never retried
+            self._record(run.step, simrecords.FAILED, run, None, f"bin/evaluate exited 2 (log {run.log})")
+        else:  # errored episodes, a simulator env that did not build: the next attempt retries (it resumes)
+            why = f"bin/evaluate exited {rc} (log {run.log}); the next attempt evaluates it again"
+            self._record(run.step, simrecords.ABANDONED, run, None, why)
         self.current = None
 
     def abandon(self, why: str) -> None:
