@@ -575,6 +575,8 @@ def test_prepare_under_torchrun(tmp_path):
         "data.cameras=color_image2",
         "data.actions_per_frame=2",
         "data.frames=2",
+        "data.encoder=patch_mean",  # the stand-ins: the full scale's default is the released folder's VAE
+        "data.text_encoder=",
     ]
     args = [
         sys.executable,

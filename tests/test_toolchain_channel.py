@@ -187,8 +187,20 @@ def test_c_and_cxx_direct_invocation_inside_worker(worker, worker_env, toolchain
 @pytest.mark.heavy
 @pytest.mark.worker
 @pytest.mark.slow
-def test_torch_compile_openmp_inside_worker(worker, worker_env, toolchain_prefixes):
+def test_torch_compile_openmp_inside_worker(worker, worker_env, toolchain_prefixes, tmp_path):
+    # Inductor's CPU precompiled header runs `openssl sha512`, which the worker lacks: the env carries it
+    # (environment.yml; envcheck's toolchain.openssl row), here from a prefix of its own ahead on PATH
+    from tests.support.channel import index_channel
+    from tests.support.ninja_pkg import openssl_package
+
+    channel = tmp_path / "openssl-channel"
+    (channel / "linux-64").mkdir(parents=True)
+    pkg = openssl_package()
+    shutil.copy2(pkg, channel / "linux-64" / pkg.name)
+    index_channel(channel)
+    solve_and_install(channel, ["openssl"], [tmp_path / "openssl-env"], cache_dir=tmp_path / "cache")
     env = compiler_env(worker_env, toolchain_prefixes[0])
+    env["PATH"] = f"{tmp_path / 'openssl-env' / 'bin'}:{env['PATH']}"
     result = worker.run([PYTHON, "-c", INDUCTOR_OPENMP], env=env, timeout=540)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
