@@ -1,7 +1,9 @@
-"""(heavy) The simulator evaluation during training, for real: `bin/train libero 1 --cpu-scale` on a LeRobot
-dataset in LIBERO's layout, with eval.sim libero on the step-2 checkpoint (libero_goal task 0, 1 episode,
-20 env steps), in LIBERO's own simulator (.sim/libero, built by sim/build.sh on first use) through
-bin/evaluate's module.
+"""(heavy) `bin/train libero 2 --cpu-scale` from an empty data folder, end to end, in LIBERO's own simulator
+(.sim/libero, built by sim/build.sh on first use): the CPU scale records its LeRobot dataset there on first
+use (trainer/data/formats/libero_record.py: a scripted motion, lerobot 0.3.3's own writer; announced as a
+stand-in; 2 episodes x 16 steps here: 1 trained, 1 held out), trains on it, and evaluates its step-2
+checkpoint in the simulator during training (eval.sim libero: libero_goal task 0, 1 episode, 20 env steps,
+through bin/evaluate's module). `bin/evaluate RUN --sim libero` after training is tests/test_sim_libero.py's.
 
 The rank is parked at step 3 (test hook) until the evaluator has started (its pin exists), so the test
 knows the evaluation began while training was still to run; TensorBoard's wall times then show step 3
@@ -18,10 +20,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.support import runs
-from tests.support.presets_data import tiny_sets, write_dataset
+from tests.support.presets_data import tiny_sets
 
 pytestmark = pytest.mark.heavy
 
@@ -41,13 +44,15 @@ def _scalars(tb_dir: Path, tag: str) -> dict[int, tuple[float, float]]:
     return {e.step: (e.wall_time, e.value) for e in acc.Scalars(tag)} if tag in acc.Tags()["scalars"] else {}
 
 
-def test_a_run_evaluates_its_checkpoint_in_libero_beside_the_ranks(tmp_path, preflight_record):
+def test_bin_train_libero_records_its_dataset_and_evaluates_in_libero_beside_the_ranks(
+    tmp_path, preflight_record
+):
     started = time.monotonic()
-    data = write_dataset("libero", tmp_path / "data")
-    run_dir = tmp_path / "run"
+    data, run_dir = tmp_path / "data" / "libero_cpu", tmp_path / "run"
     runs.seed_preflight(run_dir, preflight_record)
-    argv = [str(runs.REPO / "bin" / "train"), "libero", "1", "--cpu-scale", "--run-dir", str(run_dir)]
-    argv += runs.set_args([*tiny_sets(data, steps=3), *SETS])
+    argv = [str(runs.REPO / "bin" / "train"), "libero", "2", "--cpu-scale", "--run-dir", str(run_dir)]
+    recorded = ["data.generated_episodes=2", "data.generated_length=16"]
+    argv += runs.set_args([*tiny_sets(data, steps=3), *recorded, *SETS])
     pause = tmp_path / "pause"
     env = {**runs.clean_env(tmp_path / "no-envs"), **runs.pause_env(pause, "step:3")}
     env["LINGBOT_TEST_SIM_GOAL_AT"] = "2"  # libero_goal task 0: open the middle drawer
@@ -59,6 +64,7 @@ def test_a_run_evaluates_its_checkpoint_in_libero_beside_the_ranks(tmp_path, pre
     code, out, _ = runs.finish(proc)
     assert code == 0, out
     assert "sim: evaluating checkpoint_step_2" in out and "training goes on" in out
+    _recorded_as_announced(out, data)
 
     summary = runs.summary(run_dir)
     assert summary["status"] == "completed"
@@ -91,3 +97,31 @@ def test_a_run_evaluates_its_checkpoint_in_libero_beside_the_ranks(tmp_path, pre
     assert (best["step"], best["metric"], best["value"]) == (2, "sim_success_rate", 1.0)
     assert not list((run_dir / "evaluation" / "sim-pins").iterdir())
     print(f"test seconds: {time.monotonic() - started:.1f}; evaluation {record['seconds']} s")
+
+
+CAMERAS = ["observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb"]
+
+
+def _recorded_as_announced(out: str, data: Path) -> None:
+    """The preflight's note, the banner, one rank recording; LeRobot v2.1 as lerobot 0.3.3 writes it, the
+    preset's cameras, 7-D actions, 16 rows an episode; no recording folder left behind."""
+    import pyarrow.parquet as pq
+
+    assert "the ranks record 2 scripted episode(s) of 16 steps" in out  # the preflight's note
+    banner = "RECORDED STAND-IN DATA: a scripted reach-and-lift in LIBERO's simulator (not demonstrations)"
+    assert banner in out
+    assert out.count("data: recording 2 episode(s) of 16 steps in LIBERO libero_goal") == 1  # one rank
+    info = json.loads((data / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v2.1" and info["fps"] == 20 and info["total_episodes"] == 2
+    assert [k for k, f in info["features"].items() if f["dtype"] == "video"] == CAMERAS
+    assert info["features"]["action"]["shape"] == [7]
+    episodes = [json.loads(line) for line in (data / "meta" / "episodes.jsonl").read_text().splitlines()]
+    assert [e["length"] for e in episodes] == [16, 16]
+    assert episodes[0]["tasks"] == ["open the middle drawer of the cabinet"]
+    actions = np.stack(
+        pq.read_table(data / "data" / "chunk-000" / "episode_000000.parquet")["action"].to_pylist()
+    )
+    assert actions.shape == (16, 7) and np.abs(actions).max() <= 1.0 and actions[-1, 6] == 1.0  # lift, closed
+    for cam in CAMERAS:
+        assert (data / "videos" / "chunk-000" / cam / "episode_000001.mp4").stat().st_size > 0
+    assert not [p for p in data.parent.iterdir() if p.name.startswith(".libero_cpu.recording")]

@@ -45,9 +45,6 @@ FIRST = (
     "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
     "tests/test_slurm.py",  # 16 scenarios at once on one cluster
     "tests/test_validate.py",
-    "tests/test_sim_libero.py",  # waits for the LIBERO simulator env bin/test builds beside it, then runs it
-    "tests/test_sim_training_recorded.py",  # bin/train libero records its dataset in the simulator
-    "tests/test_sim_training.py",
     "tests/test_provision.py",
     "tests/test_diskspace.py",
     "tests/test_resume.py",
@@ -59,6 +56,10 @@ FIRST = (
     "tests/test_lerobot.py",
     "tests/test_train_json.py",
     "tests/test_quota.py",
+    # last of the long ones: bin/test builds the LIBERO simulator env beside the suite (sim/build.sh, niced),
+    # and these wait for it; started earlier, three workers sat idle on its lock (2026-12-05 clean clone)
+    "tests/test_sim_training.py",  # bin/train libero records its dataset, evaluates during training
+    "tests/test_sim_libero.py",
 )
 
 
