@@ -100,3 +100,38 @@ def test_bad_input_is_refused_before_anything_runs(libero_run, tmp_path, args, l
     code, result, err = evaluate(libero_run, out, *args)
     assert code == 2 and line in err and result["ok"] is False
     assert not out.exists()
+
+
+RENDER_ON_WORKER = """
+import numpy as np
+from libero.libero import benchmark
+from libero.libero.envs import OffScreenRenderEnv
+suite = benchmark.get_benchmark_dict()["libero_goal"]()
+bddl = suite.get_task_bddl_file_path(0)
+env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=128, camera_widths=128)
+env.seed(0)
+env.reset()
+env.set_init_state(suite.get_task_init_states(0)[0])
+obs, reward, done, info = env.step(np.zeros(7))
+image = obs["agentview_image"]
+assert image.shape == (128, 128, 3) and image.std() > 1, (image.shape, image.std())
+env.close()
+print("RENDERED", float(image.std()))
+"""
+
+
+@pytest.mark.worker
+def test_the_simulator_env_builds_and_renders_a_scene_on_a_worker_without_compilers(worker, worker_env):
+    """What bin/evaluate --sim runs on a compute node: the env built on the login node (here: this host),
+    a LIBERO scene built, reset to its init state, stepped and rendered through EGL inside the worker
+    simulation (no gcc, no headers, no binutils, no openssl)."""
+    from trainer.evaluation.sim.env import ensure_env, prefix
+
+    python = ensure_env("libero", print)
+    env = {**worker_env, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "PYTHONNOUSERSITE": "1",
+           "LIBERO_CONFIG_PATH": str(prefix("libero") / "libero-config")}  # fmt: skip
+    result = worker.run([str(python), "-c", RENDER_ON_WORKER], env=env, timeout=600)
+    assert result.returncode == 0 and "RENDERED" in result.stdout, (
+        result.stdout[-2000:] + result.stderr[-3000:]
+    )
+    print(result.stdout.strip().splitlines()[-1])  # the rendered image's spread, for the log
