@@ -33,15 +33,9 @@ if [ -z "${fallback_python:-}" ] && ! tool_env_ready; then
   exec 9>"$repo_root/.venv.lock"
   flock 9  # another bin/* may be building it right now: wait for that one
   if ! tool_env_ready; then
-    base_python=${LINGBOT_BASE_PYTHON:-}
-    if [ -z "$base_python" ]; then
-      for candidate in python3.11 python3; do
-        if command -v "$candidate" >/dev/null 2>&1 &&
-           "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-          base_python=$(command -v "$candidate"); break
-        fi
-      done
-    fi
+    # shellcheck source=bin/_base_python.sh
+    . "$repo_root/bin/_base_python.sh"
+    base_python=$(base_python_311) || base_python=
     if [ -z "$base_python" ]; then
       echo "bin: the tool environment needs Python 3.11 (none found on PATH; set LINGBOT_BASE_PYTHON)" >&2
       exit 2

@@ -30,15 +30,9 @@ mkdir -p "$repo/.sim"
 exec 9>"$repo/.sim/$name.lock"
 flock 9  # another command may be building it right now: wait for that one
 if ready; then echo "$prefix/bin/python"; exit 0; fi
-base_python=${LINGBOT_BASE_PYTHON:-}
-if [ -z "$base_python" ]; then
-  for candidate in python3.11 python3; do
-    if command -v "$candidate" >/dev/null 2>&1 &&
-       "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-      base_python=$(command -v "$candidate"); break
-    fi
-  done
-fi
+# shellcheck source=bin/_base_python.sh
+. "$repo/bin/_base_python.sh"
+base_python=$(base_python_311) || base_python=
 if [ -z "$base_python" ]; then
   echo "sim/build.sh: the $name simulator environment needs Python 3.11 (none on PATH; set LINGBOT_BASE_PYTHON)" >&2
   exit 2
