@@ -47,8 +47,10 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
             f"envcheck: re-running in an emulated aarch64 worker ({root}): {' '.join(argv[1:])}", err=True
         )
         with emulation.binfmt(qemu):
-            binds = [prefix, Path(os.path.realpath(Path(__file__).parents[2]))]
-            inner = ["/usr/bin/env", "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}", str(python), *argv[1:]]
+            checkout = Path(os.path.realpath(Path(__file__).parents[2]))
+            binds = [prefix, checkout]  # `-m provision.check` from the checkout, as bin/envcheck runs it
+            inner = ["/usr/bin/env", "-C", str(checkout), "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}",
+                     str(python), *argv[1:]]  # fmt: skip
             return subprocess.run(
                 emulation.chroot_command(root, inner, binds), stdin=subprocess.DEVNULL
             ).returncode
