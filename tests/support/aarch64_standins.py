@@ -12,7 +12,8 @@ names and layout with tests/support/channel.py:
       aarch64 compiler packages default them)
   python 3.11   Debian's python3.11 (interpreter, stdlib, headers) in conda's layout: bin/python3.11,
                 lib/python3.11 (site-packages on sys.path through sitecustomize, sysconfig's default scheme
-                posix_prefix, not Debian's posix_local: a one-line patch), include/python3.11 (the aarch64 pyconfig.h)
+                posix_prefix, not Debian's posix_local: a one-line patch), include/python3.11 (the
+                aarch64 pyconfig.h)
   pip, setuptools   the tool venv's (pure python)
   openssl       bin/openssl (the node's libssl3 runtime, as tests/support/ninja_pkg.py's x86 one)
 
@@ -53,7 +54,16 @@ TOOLCHAIN_DEBS.pop("binutils-x86-64-linux-gnu")
 PYTHON_DEBS = ("python3.11-minimal", "libpython3.11-minimal", "libpython3.11-stdlib", "libpython3.11-dev")
 OPENSSL_DEB = "openssl"
 TRIM = tuple(p.replace("x86_64-linux-gnu", DEB_TRIPLET) for p in x86.TRIM_PATTERNS)
-STDLIB_SKIP = ("EXTERNALLY-MANAGED", "test", "idlelib", "tkinter", "turtledemo", "lib2to3", "__pycache__", "dist-packages")
+STDLIB_SKIP = (
+    "EXTERNALLY-MANAGED",
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "lib2to3",
+    "__pycache__",
+    "dist-packages",
+)
 # Debian's python -> conda's layout (each patch must apply exactly once)
 PY_PATCHES = {
     "lib/python3.11/sysconfig.py": (
@@ -63,8 +73,8 @@ PY_PATCHES = {
 }
 # Debian's site module is frozen into the interpreter (3.11): site-packages is added here instead
 SITECUSTOMIZE = (
-    '"""lingbot stand-in: conda\'s layout, lib/python3.11/site-packages on sys.path (Debian\'s frozen site adds\n'
-    'only dist-packages)."""\nimport os, site, sys\n\n'
+    '"""lingbot stand-in: conda\'s layout, lib/python3.11/site-packages on sys.path\n'
+    '(Debian\'s frozen site adds only dist-packages)."""\nimport os, site, sys\n\n'
     'site.addsitedir(os.path.join(sys.prefix, "lib", "python3.11", "site-packages"))\n'
 )
 
@@ -80,7 +90,9 @@ def _apt_env(cache_root: Path) -> dict[str, str]:
 
 
 def _resolve(names: list[str], env: dict[str, str]) -> dict[str, dict[str, str]]:
-    proc = subprocess.run(["apt-cache", "show", "--no-all-versions", *names], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["apt-cache", "show", "--no-all-versions", *names], env=env, capture_output=True, text=True
+    )
     found: dict[str, dict[str, str]] = {}
     for stanza in proc.stdout.split("\n\n"):
         f = dict(re.findall(r"^([A-Za-z0-9-]+): (.*)$", stanza, flags=re.M))
@@ -171,7 +183,9 @@ def _toolchain(files: dict[str, Path], stage: Path, out: Path) -> list[Path]:
             if item.is_dir() and not item.is_symlink():
                 continue
             private = deb in x86.PRIVATE_LIB_DEBS and ".so" in item.name
-            content[pkg][f"{HOST_LIBS}/{item.name}" if private else f"{SYSROOT}/{item.relative_to(root)}"] = item
+            content[pkg][f"{HOST_LIBS}/{item.name}" if private else f"{SYSROOT}/{item.relative_to(root)}"] = (
+                item
+            )
 
     def wrap(cmd: str, tool: str, flag: bool) -> bytes:
         return x86._WRAPPER.format(command=f"{TARGET}-{cmd}", tool=tool, sysroot=SYSROOT, host_libs=HOST_LIBS,
@@ -180,8 +194,12 @@ def _toolchain(files: dict[str, Path], stage: Path, out: Path) -> list[Path]:
     content["binutils_impl_linux-aarch64"].update(
         {f"bin/{TARGET}-{t}": wrap(t, f"usr/bin/{DEB_TRIPLET}-{t}", t == "ld") for t in x86.BINUTILS_TOOLS}
     )
-    content["gcc_impl_linux-aarch64"].update({f"bin/{TARGET}-{c}": wrap(c, t, f) for c, (t, f) in x86.GCC_WRAPPERS.items()})
-    content["gxx_impl_linux-aarch64"].update({f"bin/{TARGET}-{c}": wrap(c, t, f) for c, (t, f) in x86.GXX_WRAPPERS.items()})
+    content["gcc_impl_linux-aarch64"].update(
+        {f"bin/{TARGET}-{c}": wrap(c, t, f) for c, (t, f) in x86.GCC_WRAPPERS.items()}
+    )
+    content["gxx_impl_linux-aarch64"].update(
+        {f"bin/{TARGET}-{c}": wrap(c, t, f) for c, (t, f) in x86.GXX_WRAPPERS.items()}
+    )
     for pkg, (programs, values) in _activation_values().items():
         content[pkg] = _activation(pkg, programs, values)
     g, b = f"{x86.GCC_VERSION}.*", f"{x86.BINUTILS_VERSION}.*"
@@ -189,12 +207,18 @@ def _toolchain(files: dict[str, Path], stage: Path, out: Path) -> list[Path]:
         "sysroot_linux-aarch64": (x86.GLIBC_VERSION, []),
         "binutils_impl_linux-aarch64": (x86.BINUTILS_VERSION, ["sysroot_linux-aarch64"]),
         "binutils_linux-aarch64": (x86.BINUTILS_VERSION, [f"binutils_impl_linux-aarch64 {b}"]),
-        "gcc_impl_linux-aarch64": (x86.GCC_VERSION, ["binutils_impl_linux-aarch64", "sysroot_linux-aarch64"]),
-        "gcc_linux-aarch64": (x86.GCC_VERSION, [f"binutils_linux-aarch64 {b}", f"gcc_impl_linux-aarch64 {g}"]),
+        "gcc_impl_linux-aarch64": (x86.GCC_VERSION, ["binutils_impl_linux-aarch64",
+                                                     "sysroot_linux-aarch64"]),
+        "gcc_linux-aarch64": (x86.GCC_VERSION, [f"binutils_linux-aarch64 {b}",
+                                                f"gcc_impl_linux-aarch64 {g}"]),
         "gxx_impl_linux-aarch64": (x86.GCC_VERSION, [f"gcc_impl_linux-aarch64 {x86.GCC_VERSION}"]),
-        "gxx_linux-aarch64": (x86.GCC_VERSION, [f"gcc_linux-aarch64 {x86.GCC_VERSION}", f"gxx_impl_linux-aarch64 {g}"]),
+        "gxx_linux-aarch64": (x86.GCC_VERSION, [f"gcc_linux-aarch64 {x86.GCC_VERSION}",
+                                                f"gxx_impl_linux-aarch64 {g}"]),
     }  # fmt: skip
-    return [make_package(out, n, v, content[n], build=BUILD, depends=d, subdir=SUBDIR) for n, (v, d) in specs.items()]
+    return [
+        make_package(out, n, v, content[n], build=BUILD, depends=d, subdir=SUBDIR)
+        for n, (v, d) in specs.items()
+    ]
 
 
 def _activation_values() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
@@ -235,7 +259,11 @@ def _python(files: dict[str, Path], stage: Path, out: Path) -> Path:
         lib = root / "usr/lib/python3.11"
         for item in sorted(lib.rglob("*")) if lib.is_dir() else []:
             rel = item.relative_to(lib)
-            if rel.parts[0] in STDLIB_SKIP or "__pycache__" in rel.parts or (item.is_dir() and not item.is_symlink()):
+            if (
+                rel.parts[0] in STDLIB_SKIP
+                or "__pycache__" in rel.parts
+                or (item.is_dir() and not item.is_symlink())
+            ):
                 continue
             content[f"lib/python3.11/{rel}"] = item
         inc = root / "usr/include/python3.11"

@@ -1,0 +1,106 @@
+"""bin/envcheck --worker of an aarch64 env in the emulated, compiler-less aarch64 worker
+(`bin/envcheck --simulate-worker --platform linux-aarch64`): the env is provisioned by bin/provision's code
+for linux-aarch64 on this x86 host (tests/support/aarch64_env.py: Debian arm64 stand-ins for conda-forge's
+python/compilers/sysroot/openssl, the lock's aarch64 torch 2.13.0 and triton 3.7.1 wheels installed by the
+env's own python under qemu); the compile rows must PASS with the env's toolchain, and each missing piece
+(compiler, sysroot files, openssl) must FAIL with its fix.
+
+Opt-in (LINGBOT_AARCH64_WORKER=1, root): it downloads ~2.9 GB of wheels once and runs torch under qemu for
+tens of minutes (docs/tests.md has the figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from provision import emulation
+from tests.support.aarch64_env import download_wheels, provision_env
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = "aarch64-conda-linux-gnu"
+COMPILE_ROWS = (
+    "compile.triton_build",
+    "compile.inductor_cpp",
+    "compile.flex_attention",
+    "compile.cpp_extension",
+)
+
+pytestmark = [
+    pytest.mark.heavy,
+    pytest.mark.skipif(
+        os.environ.get("LINGBOT_AARCH64_WORKER") != "1",
+        reason="opt-in lane: LINGBOT_AARCH64_WORKER=1 (root; 2.9 GB of aarch64 wheels, minutes under qemu)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def aarch64_env() -> Path:
+    if os.geteuid() != 0:
+        pytest.fail("the emulated aarch64 worker needs root (binfmt_misc, mounts, chroot); run as root")
+    cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
+    qemu, root = emulation.qemu_root(cache / "emulation"), emulation.arm64_root(cache / "emulation")
+    wheels = download_wheels(cache / "aarch64-wheels", REPO / "conda-lock.yml")
+    prefix, _ = provision_env(cache / "aarch64-work", wheels, qemu, root)
+    return prefix
+
+
+def envcheck(prefix: Path, out: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run(
+        [str(REPO / "bin" / "envcheck"), "--simulate-worker", "--platform", "linux-aarch64",
+         "--prefix", str(prefix), "--json-file", str(out), *flags],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    report = json.loads(out.read_text())
+    return proc, {c["name"]: c for c in report["checks"]}
+
+
+class hidden:
+    """Rename `paths` aside for the block and back afterwards (exactly those, whatever happens)."""
+
+    def __init__(self, *paths: Path):
+        self.paths = paths
+
+    def __enter__(self) -> None:
+        for path in self.paths:
+            path.rename(f"{path}.lingbot-hidden")
+
+    def __exit__(self, *exc: object) -> None:
+        for path in self.paths:
+            Path(f"{path}.lingbot-hidden").rename(path)
+
+
+def _inside(path: str, prefix: Path) -> bool:
+    return os.path.realpath(path).startswith(os.path.realpath(prefix) + os.sep)
+
+
+def test_aarch64_worker_passes_the_compile_rows_with_the_envs_own_toolchain(aarch64_env, tmp_path):
+    proc, checks = envcheck(aarch64_env, tmp_path / "pass.json")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for name in (*COMPILE_ROWS, "variables.CC", "variables.CXX", "toolchain.sysroot", "toolchain.openssl"):
+        assert checks[name]["status"] == "PASS", checks[name]
+    for name in COMPILE_ROWS:
+        assert _inside(checks[name]["details"]["compiler_path"], aarch64_env), checks[name]["details"]
+        assert checks[name]["details"]["machine"] == "aarch64", checks[name]["details"]
+    assert _inside(checks["toolchain.openssl"]["details"]["openssl"], aarch64_env)
+
+
+@pytest.mark.parametrize(
+    "missing, hide, row, fix",
+    [
+        ("compiler", [f"bin/{TARGET}-{c}" for c in ("cc", "gcc", "c++", "g++")], "variables.CC",
+         "gcc_linux-aarch64"),
+        ("sysroot", [f"{TARGET}/sysroot/usr/lib/aarch64-linux-gnu/{f}" for f in ("crt1.o", "libc.so")],
+         "toolchain.sysroot", "sysroot_linux-aarch64"),
+        ("openssl", ["bin/openssl"], "toolchain.openssl", "openssl"),
+    ],
+)  # fmt: skip
+def test_aarch64_worker_fails_a_missing_piece_with_its_fix(aarch64_env, tmp_path, missing, hide, row, fix):
+    with hidden(*(aarch64_env / rel for rel in hide)):
+        proc, checks = envcheck(aarch64_env, tmp_path / f"no-{missing}.json", "--fast")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert checks[row]["status"] == "FAIL" and fix in checks[row]["fix"], checks[row]
