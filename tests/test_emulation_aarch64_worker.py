@@ -85,7 +85,7 @@ def test_aarch64_worker_passes_the_compile_rows_with_the_envs_own_toolchain(aarc
         assert checks[name]["status"] == "PASS", checks[name]
     for name in COMPILE_ROWS:
         assert _inside(checks[name]["details"]["compiler_path"], aarch64_env), checks[name]["details"]
-        assert checks[name]["details"]["machine"] == "aarch64", checks[name]["details"]
+        assert f"/bin/{TARGET}-" in checks[name]["details"]["compiler_path"], checks[name]["details"]
     assert _inside(checks["toolchain.openssl"]["details"]["openssl"], aarch64_env)
 
 

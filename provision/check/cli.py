@@ -21,6 +21,19 @@ from provision.jsonout import JsonRequest, outcome, run_click
 from provision.prefix import resolve_prefix
 
 
+def _lock_dirs(prefix: Path, lockfile: Path | None) -> list[Path]:
+    """The dirs of the lock and spec the env was provisioned from (or --lockfile's): visible inside."""
+    from provision.prefix import read_manifest
+
+    try:
+        manifest = read_manifest(prefix)
+    except (OSError, ValueError):
+        manifest = {}
+    paths: list[str | Path | None] = [lockfile] if lockfile else [manifest.get("lockfile"), manifest.get("spec")]
+    dirs = {Path(os.path.realpath(Path(p).parent)) for p in paths if p}
+    return sorted(d for d in dirs if d.is_dir())
+
+
 def _simulate_aarch64(params: dict, argv: list[str]) -> int:
     """--simulate-worker --platform linux-aarch64 on an x86 host: the env's own (aarch64) python runs
     envcheck --worker chrooted in an emulated compiler-less arm64 root (provision/emulation.py)."""
@@ -48,9 +61,10 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
         )
         with emulation.binfmt(qemu):
             checkout = Path(os.path.realpath(Path(__file__).parents[2]))
-            binds = [prefix, checkout]  # `-m provision.check` from the checkout, as bin/envcheck runs it
+            binds = [prefix, checkout, *_lock_dirs(prefix, params["lockfile"])]
+            # `-m provision.check` from the checkout, as bin/envcheck runs it; qemu as a Grace core
             inner = ["/usr/bin/env", "-C", str(checkout), "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}",
-                     str(python), *argv[1:]]  # fmt: skip
+                     f"QEMU_CPU={emulation.GRACE_QEMU_CPU}", str(python), *argv[1:]]  # fmt: skip
             return subprocess.run(
                 emulation.chroot_command(root, inner, binds), stdin=subprocess.DEVNULL
             ).returncode
