@@ -29,7 +29,9 @@ def _lock_dirs(prefix: Path, lockfile: Path | None) -> list[Path]:
         manifest = read_manifest(prefix)
     except (OSError, ValueError):
         manifest = {}
-    paths: list[str | Path | None] = [lockfile] if lockfile else [manifest.get("lockfile"), manifest.get("spec")]
+    paths: list[str | Path | None] = (
+        [lockfile] if lockfile else [manifest.get("lockfile"), manifest.get("spec")]
+    )
     dirs = {Path(os.path.realpath(Path(p).parent)) for p in paths if p}
     return sorted(d for d in dirs if d.is_dir())
 
