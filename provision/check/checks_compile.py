@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from provision import probes
 from provision.check.context import Context, Outcome, inside, short_error
-from provision.check.report import FAIL, PASS, WARN
+from provision.check.report import FAIL, PASS, SKIP, WARN
 
 
 def _var_fix(ctx: Context, var: str) -> str:
@@ -85,7 +85,23 @@ def flex_needs(ctx: Context) -> tuple[str, ...]:
     return ("compile.triton_build",) if flex_on_gpu(ctx) else ("compile.inductor_cpp",)
 
 
+def flex_cpu_unsupported(ctx: Context) -> str:
+    """Why FlexAttention cannot compile on this node's CPU ("" if it can): torch's CPU lowering needs AVX2
+    (torch/_inductor/kernel/flex/flex_cpu.py check_cpu_supported), i.e. an x86 CPU."""
+    machine = (ctx.interpreter or {}).get("machine")
+    if flex_on_gpu(ctx) or machine in (None, "x86_64", "AMD64"):
+        return ""
+    return (
+        f"FlexAttention has no CPU compile path on {machine}: torch's CPU lowering needs AVX2 (x86 only; "
+        f"torch._inductor.kernel.flex.flex_cpu.check_cpu_supported); on a GPU node it compiles through "
+        f"Triton (compile.triton_build)"
+    )
+
+
 def check_flex(ctx: Context) -> Outcome:
+    reason = flex_cpu_unsupported(ctx)
+    if reason:
+        return Outcome(SKIP, reason)
     gpu = flex_on_gpu(ctx)
     args = {"gpu": gpu, "require_under": ctx.require_under() if not gpu else None}
     run = ctx.probe("flex_attention", args, timeout=1200)

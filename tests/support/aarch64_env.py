@@ -6,7 +6,8 @@ the aarch64 program steps run under qemu (provision/emulation.py's binfmt entry)
 - environment.yml (`platforms: [linux-aarch64]`) with those and a pip part pinned to the repo lock's
   linux-aarch64 versions of what the CPU rows need: torch 2.13.0 and triton 3.7.1 (manylinux aarch64),
   their dependencies (the CUDA 13 nvidia wheels included: torch's aarch64 wheel needs them to import),
-  ninja, click and pyyaml (bin/envcheck itself runs on the env's python inside the emulated worker);
+  ninja, click, pyyaml and packaging (bin/envcheck itself and its interpreter probe run on the env's
+  python inside the emulated worker);
 - `lock.make_lock` (the pip part resolved for aarch64 against PyPI by the host's pip) and
   `install.provision` with `pip_find_links` = a directory of the locked wheels (downloaded once by the
   host's pip: ~2.9 GB); the env's own aarch64 python runs `pip install` under qemu.
@@ -35,6 +36,7 @@ PIP_PINS = (
     "click==8.5.1",
     "pyyaml==6.0.4",
     "numpy==2.4.6",
+    "packaging==26.4",
 )
 CONDA = (
     "python 3.11.*",
