@@ -87,3 +87,14 @@ def test_flex_attention_on_a_non_x86_cpu_is_skipped_with_the_reason(tmp_path, in
     if skipped:
         outcome = check_flex(ctx)
         assert outcome.status == "SKIP" and "AVX2" in outcome.message and "aarch64" in outcome.message
+
+
+@pytest.mark.fast
+def test_a_local_version_label_matches_the_locked_public_version():
+    from provision.check.checks_env import _same_version
+
+    assert _same_version("2.13.0+cu130", "2.13.0")  # torch's aarch64 PyPI wheel, locked as 2.13.0
+    assert _same_version("2.13.0", "2.13.0") and _same_version("3.11.2", "3.11.2")
+    assert not _same_version("2.13.1+cu130", "2.13.0")
+    assert not _same_version("2.13.0+cu126", "2.13.0+cu130")  # a locked local label must be the same
+    assert not _same_version("2.12.0", "2.13.0")
