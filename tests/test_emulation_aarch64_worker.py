@@ -108,3 +108,6 @@ def test_aarch64_worker_fails_a_missing_piece_with_its_fix(aarch64_env, tmp_path
         proc, checks = envcheck(aarch64_env, tmp_path / f"no-{missing}.json", "--fast")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert checks[row]["status"] == "FAIL" and fix in checks[row]["fix"], checks[row]
+    if missing == "compiler":  # the compile rows name the missing program, not a system compiler
+        triton = checks["compile.triton_build"]
+        assert triton["status"] == "FAIL" and "does not exist" in triton["message"], triton

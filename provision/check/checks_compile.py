@@ -21,10 +21,15 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
     compiler, real = result.get("compiler"), result.get("compiler_path")
     var_fix = _var_fix(ctx, var)
     if result.get("stage") == "locate":
+        where = (
+            "which does not exist"
+            if real is None
+            else "which is not in the env: it passes here only thanks to the system compiler, and a worker "
+            "has none"
+        )
         return Outcome(
             FAIL,
-            f"{what} would use {compiler} ({real}), which is not in the env: it passes here only thanks to "
-            f"the system compiler, and a worker has none",
+            f"{what} would use {compiler}{f' ({real})' if real else ''}, {where}",
             var_fix or ctx.package_fix(ctx.compiler_package(var)),
             details,
         )
