@@ -35,6 +35,14 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
         )
     if not run.ok:
         details["error"] = run.failure_text()
+        if "No such file or directory: 'openssl'" in details["error"]:  # Inductor's precompiled header
+            return Outcome(
+                FAIL,
+                f"{what} failed in the job's environment: no `openssl` command (Inductor's precompiled "
+                f"header runs `openssl sha512`):\n{short_error(run.failure_text())}",
+                ctx.package_fix("openssl"),
+                details,
+            )
         fix = var_fix or (
             f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
             if compiler

@@ -22,8 +22,11 @@ for what in "$@"; do
   case $what in
     pass) run pass ;;
     no-cc) hide "$P/bin/$T-cc" "$P/bin/$T-gcc" "$P/bin/$T-c++" "$P/bin/$T-g++"; run no-cc --fast; restore ;;
-    no-sysroot) hide "$P/$T/sysroot/usr/lib/aarch64-linux-gnu/crt1.o" "$P/$T/sysroot/usr/lib/aarch64-linux-gnu/libc.so"
-                run no-sysroot --fast; restore ;;
+    no-sysroot)  # every file of the sysroot_linux-aarch64 package (glibc's dev files, kernel headers)
+      mapfile -t files < <(python3 -c 'import glob, json, sys
+record = json.load(open(glob.glob(sys.argv[1] + "/conda-meta/sysroot_linux-aarch64-*.json")[0]))
+print("\n".join(sys.argv[1] + "/" + f for f in record["files"]))' "$P")
+      hide "${files[@]}"; run no-sysroot --fast; restore ;;
     no-openssl) hide "$P/bin/openssl"; run no-openssl --fast; restore ;;
     *) echo "run.sh: unknown run $what (pass, no-cc, no-sysroot, no-openssl)" >&2; exit 2 ;;
   esac
