@@ -117,6 +117,9 @@ def test_aarch64_worker_fails_a_missing_piece_with_its_fix(aarch64_env, tmp_path
         proc, checks = envcheck(aarch64_env, tmp_path / f"no-{missing}.json", "--fast")
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert checks[row]["status"] == "FAIL" and fix in checks[row]["fix"], checks[row]
+    if missing == "sysroot":  # the compile rows fail too, with the sysroot's fix
+        triton = checks["compile.triton_build"]
+        assert triton["status"] == "FAIL" and "sysroot_linux-aarch64" in triton["fix"], triton
     if missing == "openssl":  # Inductor's precompiled header runs it: the C++ row fails, naming the package
         inductor = checks["compile.inductor_cpp"]
         assert inductor["status"] == "FAIL" and "openssl" in inductor["fix"], inductor

@@ -43,10 +43,16 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
                 ctx.package_fix("openssl"),
                 details,
             )
-        fix = var_fix or (
-            f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
-            if compiler
-            else ctx.provision_fix()
+        sysroot = ctx.result("toolchain.sysroot")  # no glibc dev files: that row's fix is the one
+        sysroot_fix = sysroot.fix if sysroot is not None and sysroot.status == FAIL else ""
+        fix = (
+            var_fix
+            or sysroot_fix
+            or (
+                f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
+                if compiler
+                else ctx.provision_fix()
+            )
         )
         return Outcome(
             FAIL, f"{what} failed in the job's environment:\n{short_error(run.failure_text())}", fix, details
