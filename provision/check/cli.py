@@ -64,6 +64,10 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
         with emulation.binfmt(qemu):
             checkout = Path(os.path.realpath(Path(__file__).parents[2]))
             binds = [prefix, checkout, *_lock_dirs(prefix, params["lockfile"])]
+            if params["json_file"]:  # the report is written inside: its directory, at the same path
+                out_dir = Path(os.path.realpath(Path(params["json_file"]).absolute().parent))
+                out_dir.mkdir(parents=True, exist_ok=True)
+                binds.append(out_dir)
             # `-m provision.check` from the checkout, as bin/envcheck runs it; qemu as a Grace core
             inner = ["/usr/bin/env", "-C", str(checkout), "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}",
                      f"QEMU_CPU={emulation.GRACE_QEMU_CPU}", str(python), *argv[1:]]  # fmt: skip
@@ -90,7 +94,8 @@ def _simulate(params: dict) -> int:
         ("--mountinfo", "mountinfo"),
     ):
         if params[key] is not None:
-            argv += [option, str(params[key])]
+            value = params[key]  # paths absolute: the emulated worker runs from the checkout
+            argv += [option, str(value.absolute() if isinstance(value, Path) else value)]
     from provision.lock import current_platform
 
     if params["platform"] and params["platform"] != current_platform():
