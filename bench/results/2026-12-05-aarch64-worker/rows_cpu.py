@@ -16,9 +16,10 @@ from provision import emulation
 
 INNER = """
 import json, os, resource, sys, time
+from pathlib import Path
 from provision.check import checks_compile as comp
 from provision.check.context import Context
-ctx = Context(prefix=sys.argv[1], worker=True, fast=False, caller_env=dict(os.environ))
+ctx = Context(prefix=Path(sys.argv[1]), worker=True, fast=False, caller_env=dict(os.environ))
 ctx.__dict__["interpreter"] = {"machine": os.uname().machine, "cuda_available": False}
 rows = {}
 ROWS = (("compile.triton_build", comp.check_triton_build), ("compile.inductor_cpp", comp.check_inductor),
