@@ -16,6 +16,7 @@ the aarch64 program steps run under qemu (provision/emulation.py's binfmt entry)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -100,14 +101,22 @@ def provision_env(root: Path, wheels: Path, qemu: Path, arm64_root: Path, *, nam
     libc6-arm64-cross's /usr/aarch64-linux-gnu)."""
     spec_dir = root / name
     spec_dir.mkdir(parents=True, exist_ok=True)
-    (spec_dir / "environment.yml").write_text(spec_text(name, channel(root), openssl))
+    chan = channel(root)
+    text = spec_text(name, chan, openssl)
+    (spec_dir / "environment.yml").write_text(text)
     spec = load_spec(spec_dir / "environment.yml")
     lock_path, times = spec_dir / "conda-lock.yml", {}
+    # relocked when the spec or the stand-ins change (a stand-in rebuilt has another sha256)
+    key = hashlib.sha256(text.encode() + (chan / "linux-aarch64" / "repodata.json").read_bytes()).hexdigest()
+    key_path = spec_dir / "conda-lock.key"
+    if not key_path.is_file() or key_path.read_text() != key:
+        lock_path.unlink(missing_ok=True)
     start = time.monotonic()
     if not lock_path.is_file():
         vp = lock.VirtualPackages(cuda="13.0", archspec="aarch64")
         lock.make_lock(spec, lock_path, vpkgs_by_platform={"linux-aarch64": vp}, mirrors=None,
                        cache_dir=root / "rattler-cache", log=log)  # fmt: skip
+        key_path.write_text(key)
     times["lock_s"] = round(time.monotonic() - start, 1)
     start = time.monotonic()
     with emulation.binfmt(qemu), _environ(QEMU_LD_PREFIX=str(arm64_root)):
