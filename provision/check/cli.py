@@ -41,7 +41,8 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
     envcheck --worker chrooted in an emulated compiler-less arm64 root (provision/emulation.py)."""
     from provision import emulation
 
-    prefix = Path(os.path.realpath(resolve_prefix(name=params["env_name"], prefix=params["prefix"])))
+    given = Path(resolve_prefix(name=params["env_name"], prefix=params["prefix"])).absolute()
+    prefix = Path(os.path.realpath(given))
     python = prefix / "bin" / "python"
     try:
         machine = Path(os.path.realpath(python)).read_bytes()[18:20].hex()
@@ -64,6 +65,8 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
         with emulation.binfmt(qemu):
             checkout = Path(os.path.realpath(Path(__file__).parents[2]))
             binds = [prefix, checkout, *_lock_dirs(prefix, params["lockfile"])]
+            if given != prefix:  # the env's symlink to its generation, as bin/provision makes it
+                binds.append(Path(os.path.realpath(given.parent)))
             if params["json_file"]:  # the report is written inside: its directory, at the same path
                 out_dir = Path(os.path.realpath(Path(params["json_file"]).absolute().parent))
                 out_dir.mkdir(parents=True, exist_ok=True)
