@@ -14,7 +14,8 @@ Contract:
 - `chroot_command(root, argv, binds)`: the argv that runs `argv` chrooted in `root` in a private mount
   namespace, with /proc, /dev, a private /tmp, each bind (a host path mounted at the same path inside)
   and an aarch64 CPU description (torch's cpuinfo reads `midr_el1` and /proc/cpuinfo, which qemu leaves
-  x86: Neoverse-V2, Grace's core, is faked).
+  x86: Neoverse-V2, Grace's core, is faked). Run it with QEMU_CPU=GRACE_QEMU_CPU in the environment:
+  the SVE vector length decides torch's CPU capability (SVE128 and NEON kernels on Grace).
 Run as a chroot on purpose: outside one, qemu's path lookup lets an emulated compiler read the host's
 /usr/include, and the proof would pass for the wrong reason.
 """
@@ -42,6 +43,9 @@ RUNTIME_DEBS = (
     "libkrb5support0", "libkeyutils1", "media-types", "libdb5.3",
 )  # fmt: skip
 NEOVERSE_V2_MIDR = "0x00000000410fd4f0"
+# qemu-user's CPU for every aarch64 process of the worker (read from the environment at each exec): Grace's
+# SVE2 is 128 bits wide; qemu's default (512) makes torch pick SVE256 kernels, which Grace never builds.
+GRACE_QEMU_CPU = "max,sve-default-vector-length=16"
 CPUINFO = (
     "processor\t: {n}\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics "
     "fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat "

@@ -203,6 +203,9 @@ def test_scrubbed_environment_drops_the_login_shell():
         "USER": "u",
         "LANG": "en_US.UTF-8",
     }
+    # the emulated aarch64 worker's qemu CPU (read only by qemu-user) reaches the job's processes
+    emulated = scrubbed_environment({**login, "QEMU_CPU": "max,sve-default-vector-length=16"})
+    assert emulated["QEMU_CPU"] == "max,sve-default-vector-length=16" and "CC" not in emulated
 
 
 @pytest.mark.fast

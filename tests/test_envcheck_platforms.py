@@ -65,3 +65,36 @@ def test_simulated_aarch64_worker_refuses_an_env_that_is_not_aarch64(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "is not an aarch64 program (ELF machine 3e00)" in proc.stderr
     assert f"bin/provision lingbot-b200 --platform linux-aarch64 --prefix {prefix}" in proc.stderr
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "interpreter, skipped",
+    [
+        ({"machine": "aarch64", "cuda_available": False}, True),  # Grace CPU: torch's CPU lowering needs AVX2
+        ({"machine": "aarch64", "cuda_available": True}, False),  # Grace with its GPU: through Triton
+        ({"machine": "x86_64", "cuda_available": False}, False),
+        (None, False),  # no facts: the probe runs and says what it finds
+    ],
+)
+def test_flex_attention_on_a_non_x86_cpu_is_skipped_with_the_reason(tmp_path, interpreter, skipped):
+    from provision.check.checks_compile import check_flex, flex_cpu_unsupported
+
+    ctx = Context(prefix=_prefix(tmp_path, "linux-aarch64"), worker=True, fast=False, caller_env={})
+    ctx.__dict__["interpreter"] = interpreter  # the interpreter probe's facts (a cached_property)
+    reason = flex_cpu_unsupported(ctx)
+    assert bool(reason) is skipped
+    if skipped:
+        outcome = check_flex(ctx)
+        assert outcome.status == "SKIP" and "AVX2" in outcome.message and "aarch64" in outcome.message
+
+
+@pytest.mark.fast
+def test_a_local_version_label_matches_the_locked_public_version():
+    from provision.check.checks_env import _same_version
+
+    assert _same_version("2.13.0+cu130", "2.13.0")  # torch's aarch64 PyPI wheel, locked as 2.13.0
+    assert _same_version("2.13.0", "2.13.0") and _same_version("3.11.2", "3.11.2")
+    assert not _same_version("2.13.1+cu130", "2.13.0")
+    assert not _same_version("2.13.0+cu126", "2.13.0+cu130")  # a locked local label must be the same
+    assert not _same_version("2.12.0", "2.13.0")

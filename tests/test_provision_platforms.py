@@ -65,6 +65,13 @@ def test_foreign_env_goes_ahead_where_binfmt_runs_its_programs(tmp_path, monkeyp
     entry = f"enabled\ninterpreter /usr/bin/qemu-x-static\nflags: F\noffset 0\nmagic {magic}\n"
     monkeypatch.setattr(crossarch, "BINFMT_DIR", _binfmt(tmp_path, {"qemu": entry}))
     spec = load_spec(REPO / "environment.yml")
+    monkeypatch.setenv("QEMU_LD_PREFIX", str(tmp_path / "no-target-libc"))
+    with pytest.raises(ProvisionError) as refused:  # qemu runs it, but the env's python needs the loader
+        plan(spec, None, REPO / "conda-lock.yml", tmp_path / "env", FOREIGN, log=lambda _: None)
+    loader = tmp_path / "no-target-libc" / crossarch.LOADER[FOREIGN]
+    assert str(loader) in str(refused.value) and "QEMU_LD_PREFIX=" in str(refused.value)
+    loader.parent.mkdir(parents=True)
+    loader.write_bytes(b"")
     the_plan = plan(spec, None, REPO / "conda-lock.yml", tmp_path / "env", FOREIGN, log=lambda _: None)
     assert the_plan.platform == FOREIGN
 

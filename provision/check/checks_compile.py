@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from provision import probes
 from provision.check.context import Context, Outcome, inside, short_error
-from provision.check.report import FAIL, PASS, WARN
+from provision.check.report import FAIL, PASS, SKIP, WARN
 
 
 def _var_fix(ctx: Context, var: str) -> str:
@@ -21,19 +21,38 @@ def compile_verdict(ctx: Context, run: probes.ProbeRun, var: str, what: str, pas
     compiler, real = result.get("compiler"), result.get("compiler_path")
     var_fix = _var_fix(ctx, var)
     if result.get("stage") == "locate":
+        where = (
+            "which does not exist"
+            if real is None
+            else "which is not in the env: it passes here only thanks to the system compiler, and a worker "
+            "has none"
+        )
         return Outcome(
             FAIL,
-            f"{what} would use {compiler} ({real}), which is not in the env: it passes here only thanks to "
-            f"the system compiler, and a worker has none",
+            f"{what} would use {compiler}{f' ({real})' if real else ''}, {where}",
             var_fix or ctx.package_fix(ctx.compiler_package(var)),
             details,
         )
     if not run.ok:
         details["error"] = run.failure_text()
-        fix = var_fix or (
-            f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
-            if compiler
-            else ctx.provision_fix()
+        if "No such file or directory: 'openssl'" in details["error"]:  # Inductor's precompiled header
+            return Outcome(
+                FAIL,
+                f"{what} failed in the job's environment: no `openssl` command (Inductor's precompiled "
+                f"header runs `openssl sha512`):\n{short_error(run.failure_text())}",
+                ctx.package_fix("openssl"),
+                details,
+            )
+        sysroot = ctx.result("toolchain.sysroot")  # no glibc dev files: that row's fix is the one
+        sysroot_fix = sysroot.fix if sysroot is not None and sysroot.status == FAIL else ""
+        fix = (
+            var_fix
+            or sysroot_fix
+            or (
+                f"{var}={compiler} cannot do this (error above): {ctx.provision_fix()}"
+                if compiler
+                else ctx.provision_fix()
+            )
         )
         return Outcome(
             FAIL, f"{what} failed in the job's environment:\n{short_error(run.failure_text())}", fix, details
@@ -85,7 +104,23 @@ def flex_needs(ctx: Context) -> tuple[str, ...]:
     return ("compile.triton_build",) if flex_on_gpu(ctx) else ("compile.inductor_cpp",)
 
 
+def flex_cpu_unsupported(ctx: Context) -> str:
+    """Why FlexAttention cannot compile on this node's CPU ("" if it can): torch's CPU lowering needs AVX2
+    (torch/_inductor/kernel/flex/flex_cpu.py check_cpu_supported), i.e. an x86 CPU."""
+    machine = (ctx.interpreter or {}).get("machine")
+    if flex_on_gpu(ctx) or machine in (None, "x86_64", "AMD64"):
+        return ""
+    return (
+        f"FlexAttention has no CPU compile path on {machine}: torch's CPU lowering needs AVX2 (x86 only; "
+        f"torch._inductor.kernel.flex.flex_cpu.check_cpu_supported); on a GPU node it compiles through "
+        f"Triton (compile.triton_build)"
+    )
+
+
 def check_flex(ctx: Context) -> Outcome:
+    reason = flex_cpu_unsupported(ctx)
+    if reason:
+        return Outcome(SKIP, reason)
     gpu = flex_on_gpu(ctx)
     args = {"gpu": gpu, "require_under": ctx.require_under() if not gpu else None}
     run = ctx.probe("flex_attention", args, timeout=1200)

@@ -74,12 +74,15 @@ def _pairs(d: Mapping[str, object]) -> str:
 
 
 def _same_version(have: str, locked: str) -> bool:
+    """PEP 440's `==`: a locked version without a local label matches the installed one with any
+    (torch's aarch64 wheel from PyPI, locked as 2.13.0, says torch.__version__ == "2.13.0+cu130")."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        return Version(have) == Version(locked)
+        want, got = Version(locked), Version(have)
     except InvalidVersion:
         return have == locked
+    return got == want or (want.local is None and got.public == want.public)
 
 
 def check_versions(ctx: Context) -> Outcome:

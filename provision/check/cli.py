@@ -21,12 +21,28 @@ from provision.jsonout import JsonRequest, outcome, run_click
 from provision.prefix import resolve_prefix
 
 
+def _lock_dirs(prefix: Path, lockfile: Path | None) -> list[Path]:
+    """The dirs of the lock and spec the env was provisioned from (or --lockfile's): visible inside."""
+    from provision.prefix import read_manifest
+
+    try:
+        manifest = read_manifest(prefix)
+    except (OSError, ValueError):
+        manifest = {}
+    paths: list[str | Path | None] = (
+        [lockfile] if lockfile else [manifest.get("lockfile"), manifest.get("spec")]
+    )
+    dirs = {Path(os.path.realpath(Path(p).parent)) for p in paths if p}
+    return sorted(d for d in dirs if d.is_dir())
+
+
 def _simulate_aarch64(params: dict, argv: list[str]) -> int:
     """--simulate-worker --platform linux-aarch64 on an x86 host: the env's own (aarch64) python runs
     envcheck --worker chrooted in an emulated compiler-less arm64 root (provision/emulation.py)."""
     from provision import emulation
 
-    prefix = Path(os.path.realpath(resolve_prefix(name=params["env_name"], prefix=params["prefix"])))
+    given = Path(resolve_prefix(name=params["env_name"], prefix=params["prefix"])).absolute()
+    prefix = Path(os.path.realpath(given))
     python = prefix / "bin" / "python"
     try:
         machine = Path(os.path.realpath(python)).read_bytes()[18:20].hex()
@@ -47,8 +63,17 @@ def _simulate_aarch64(params: dict, argv: list[str]) -> int:
             f"envcheck: re-running in an emulated aarch64 worker ({root}): {' '.join(argv[1:])}", err=True
         )
         with emulation.binfmt(qemu):
-            binds = [prefix, Path(os.path.realpath(Path(__file__).parents[2]))]
-            inner = ["/usr/bin/env", "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}", str(python), *argv[1:]]
+            checkout = Path(os.path.realpath(Path(__file__).parents[2]))
+            binds = [prefix, checkout, *_lock_dirs(prefix, params["lockfile"])]
+            if given != prefix:  # the env's symlink to its generation, as bin/provision makes it
+                binds.append(Path(os.path.realpath(given.parent)))
+            if params["json_file"]:  # the report is written inside: its directory, at the same path
+                out_dir = Path(os.path.realpath(Path(params["json_file"]).absolute().parent))
+                out_dir.mkdir(parents=True, exist_ok=True)
+                binds.append(out_dir)
+            # `-m provision.check` from the checkout, as bin/envcheck runs it; qemu as a Grace core
+            inner = ["/usr/bin/env", "-C", str(checkout), "-", "PATH=/usr/bin:/bin", f"HOME={Path.home()}",
+                     f"QEMU_CPU={emulation.GRACE_QEMU_CPU}", str(python), *argv[1:]]  # fmt: skip
             return subprocess.run(
                 emulation.chroot_command(root, inner, binds), stdin=subprocess.DEVNULL
             ).returncode
@@ -72,7 +97,8 @@ def _simulate(params: dict) -> int:
         ("--mountinfo", "mountinfo"),
     ):
         if params[key] is not None:
-            argv += [option, str(params[key])]
+            value = params[key]  # paths absolute: the emulated worker runs from the checkout
+            argv += [option, str(value.absolute() if isinstance(value, Path) else value)]
     from provision.lock import current_platform
 
     if params["platform"] and params["platform"] != current_platform():

@@ -69,12 +69,15 @@ def scrubbed_environment(env: Mapping[str, str]) -> dict[str, str]:
         user = env.get("USER") or getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return {
+    scrubbed = {
         "PATH": WORKER_PATH,
         "HOME": env.get("HOME") or os.path.expanduser("~"),
         "USER": user,
         "LANG": env.get("LANG") or "C.UTF-8",
     }
+    if env.get("QEMU_CPU"):  # the emulated worker's CPU (provision/emulation.py); read only by qemu-user
+        scrubbed["QEMU_CPU"] = env["QEMU_CPU"]
+    return scrubbed
 
 
 def env_name_of(prefix: Path) -> str:

@@ -11,7 +11,11 @@ from envcheck_probe_common import emit, error_text
 
 
 def main() -> None:
-    result: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
+    result: dict[str, Any] = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "machine": platform.machine(),
+    }
     for name in ("torch", "triton"):
         try:
             result[name] = importlib.import_module(name).__version__
