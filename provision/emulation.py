@@ -155,6 +155,15 @@ def binfmt(qemu: Path) -> Iterator[str]:
         if not (BINFMT / ENTRY).exists():
             (BINFMT / "register").write_text(":".join(fields))
             registered = True
+        else:  # someone else's entry: used only if it works inside a chroot (enabled, F: opened at register)
+            state = (BINFMT / ENTRY).read_text()
+            flags = state.split("flags:", 1)[-1].split("\n", 1)[0] if "flags:" in state else ""
+            if not state.startswith("enabled") or "F" not in flags:
+                raise EmulationError(
+                    f"{BINFMT / ENTRY} is registered already but {state.splitlines()[0] if state else '?'}"
+                    f", flags '{flags.strip()}': a chroot needs it enabled with the F flag; as root, "
+                    f"`echo -1 > {BINFMT / ENTRY}` (this harness then registers its own and removes it after)"
+                )
         yield (BINFMT / ENTRY).read_text().split("interpreter ", 1)[-1].split("\n", 1)[0]
     finally:
         if registered:
@@ -171,7 +180,7 @@ def chroot_command(root: Path, argv: Sequence[str], binds: Sequence[Path] = (), 
         f"mount --bind /proc {root}/proc",
         f"mount --rbind /dev {root}/dev",
         f"mount -t tmpfs tmpfs {root}/tmp",
-        "fake=$(mktemp -d)",  # the host's /tmp, private to this namespace's mounts
+        f"fake={root}/tmp/.lingbot-cpu && mkdir -p $fake",  # on the tmpfs above: gone with the namespace
     ]
     cpuinfo = "".join(CPUINFO.format(n=n) for n in range(cpus))
     lines += [
