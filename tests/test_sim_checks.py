@@ -211,3 +211,19 @@ def test_a_hung_worker_is_ended_and_its_episode_is_an_error(tmp_path):
     assert "answered nothing within 3 s (hung; ended it)" in records[(0, 0)]["error"]
     assert records[(0, 1)] == {"task": 0, "episode": 1, "success": True}
     assert all(proc.poll() is not None for proc in pool.procs.values())
+
+
+def test_one_writer_per_output_folder(tmp_path):
+    """A second bin/evaluate --sim on a folder another is writing is refused (exit 1: the launcher's
+    evaluator retries it later); the folder is free again once the first ends."""
+    import os
+
+    from trainer.evaluation.sim.command import hold_output
+    from trainer.evaluation.sim.env import SimEnvError
+
+    out = tmp_path / "libero" / "libero_goal"
+    first = hold_output(out)
+    with pytest.raises(SimEnvError, match="another bin/evaluate --sim is writing there now"):
+        hold_output(out)
+    os.close(first)
+    os.close(hold_output(out))

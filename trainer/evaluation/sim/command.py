@@ -82,6 +82,27 @@ def settings_of(opts: Options, checkpoint: str, device: str) -> dict:
             "cpu_scale": opts.cpu_scale, "device": device}  # fmt: skip
 
 
+def hold_output(out: Path) -> int:
+    """One writer per output folder: an exclusive lock on OUT/.writer.lock, held until the command ends (its
+    descriptor, returned, is closed then; a killed process releases it with its descriptors). A second
+    bin/evaluate --sim on the same folder (a user beside the launcher's evaluator) is refused, exit 1."""
+    import fcntl
+
+    from trainer.evaluation.sim.env import SimEnvError
+
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / ".writer.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SimEnvError(
+            f"{out}: another bin/evaluate --sim is writing there now; wait for it to end (a re-run then "
+            "continues its episodes), or use another --plots-dir"
+        ) from None
+    return fd
+
+
 def check_settings(out: Path, want: dict) -> None:
     path = out / "settings.json"
     if path.is_file():
@@ -143,13 +164,21 @@ class Serving:
 
 
 def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
-    from trainer.evaluation.sim.env import choose_gl, ensure_env, worker_env
-    from trainer.evaluation.sim.runner import Pool
-
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, opts.workers or 1)
     served, checkpoint, out = load(target, opts, say)
+    writer = hold_output(out)
+    try:
+        return _run(served, checkpoint, out, tasks, opts, say)
+    finally:
+        os.close(writer)
+
+
+def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, say) -> tuple[dict, int]:
+    from trainer.evaluation.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.evaluation.sim.runner import Pool
+
     device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
     check_settings(out, settings_of(opts, checkpoint, device))
     python = ensure_env("libero", say)
