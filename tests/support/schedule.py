@@ -56,7 +56,7 @@ FIRST = (
     "tests/test_lerobot.py",
     "tests/test_train_json.py",
     "tests/test_quota.py",
-    # last of the long ones: bin/test builds the LIBERO simulator env beside the suite (sim/build.sh, niced),
+    # last of the long ones: bin/test builds the LIBERO simulator env beside the suite (sim/build.sh),
     # and these wait for it; started earlier, three workers sat idle on its lock (2026-12-05 clean clone)
     "tests/test_sim_training.py",  # bin/train libero records its dataset, evaluates during training
     "tests/test_sim_libero.py",
