@@ -41,6 +41,7 @@ from provision.atomic import fsync_dir, write_json_atomic
 from provision.fetch import FetchError, conda_records
 from provision.lock import run_async
 from provision.lockfile import LockedPackage
+from provision.pip_lock import requirement_lines
 from provision.plan import Plan, ProvisionError, generations_dir, plan, up_to_date
 
 __all__ = [
@@ -164,13 +165,8 @@ def _pip_install(
         "--no-warn-script-location",
     ]
     if entries:
-        lines = []
-        for d in entries:
-            sha = f"--hash=sha256:{d.sha256}"
-            # the locked file by URL; with a mirror, the same version and hash from there
-            lines.append(
-                f"{d.name}=={d.version} {sha}" if (index or find_links) else f"{d.name} @ {d.url} {sha}"
-            )
+        # the locked file by URL; with a mirror, the same version and hash from there
+        lines = requirement_lines(entries, bool(index or find_links))
         reqs = gen / "conda-meta" / "lingbot-pip-requirements.txt"
         reqs.write_text("\n".join(lines) + "\n")
         cmd = base + ["--require-hashes", "-r", str(reqs)]
