@@ -6,8 +6,8 @@ x86_64, linux-aarch64 -> aarch64), whatever machine runs the relock.
 Contract: `resolve_pip` returns pip's `--report` install items; `conda_shortfalls` names the packages
 both parts would own where conda's version does not satisfy a pip requirement (lock.make_lock gives
 each one owner); `pip_locked` makes the entries, leaving out every name the conda part owns;
-`requirement_lines` is how a locked pip part is asked of pip at install time, exactly the locked files
-by their sha256.
+`requirement_lines` is how a locked pip part is asked of pip at install time (the env's own pip, or the
+host's for another platform: provision/wheel_install.py), exactly the locked files by their sha256.
 """
 
 from __future__ import annotations
