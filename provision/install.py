@@ -6,7 +6,8 @@ provision builds a new *generation* in place, `<envs>/.<name>.gens/<id>/`, and t
 symlink to the current generation:
 
     1. build the generation: verified conda packages (py-rattler, no re-solve), the env's variables
-       (from what the linked prefix holds: provision/activation.py), hooks, pip part;
+       (from what the linked prefix holds: provision/activation.py), hooks, pip part (the env's own pip;
+       for another platform, this machine's pip and pypa's installer: provision/wheel_install.py);
     2. write the completion manifest LAST (prefix.completeness accepts nothing without it);
     3. point a new symlink at it and rename() it over `<envs>/<name>` (atomic: no moment without an env);
     4. delete the previous generation.
@@ -35,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from provision import activation, hooks
+from provision import activation, crossarch, hooks, wheel_install
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
 from provision.fetch import FetchError, conda_records
 from provision.lock import run_async
 from provision.lockfile import LockedPackage
+from provision.pip_lock import requirement_lines
 from provision.plan import Plan, ProvisionError, generations_dir, plan, up_to_date
 
 __all__ = [
@@ -137,10 +139,12 @@ def _pip_install(
     entries: list[LockedPackage],
     index: str | None,
     find_links: str | None,
+    cache_dir: Path,
     progress: Progress,
 ) -> list[dict]:
     """The lock's pip part (--no-deps, hashes required), then the projects (this checkout) in their
-    own step, each --no-deps: nothing but the lock decides a version."""
+    own step, each --no-deps: nothing but the lock decides a version. By the env's own pip; for another
+    platform by this machine's (provision/wheel_install.py), which runs nothing of the env."""
     if not entries and not p.projects:
         return []
     python = gen / "bin" / "python"
@@ -152,6 +156,8 @@ def _pip_install(
             )
         progress(f"no python in the env: skipping the pip install of {', '.join(map(str, p.projects))}")
         return []
+    if crossarch.foreign(p.platform):
+        return wheel_install.install_from_host(p, gen, entries, index, find_links, cache_dir, progress)
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
     base = [
         str(python),
@@ -164,13 +170,8 @@ def _pip_install(
         "--no-warn-script-location",
     ]
     if entries:
-        lines = []
-        for d in entries:
-            sha = f"--hash=sha256:{d.sha256}"
-            # the locked file by URL; with a mirror, the same version and hash from there
-            lines.append(
-                f"{d.name}=={d.version} {sha}" if (index or find_links) else f"{d.name} @ {d.url} {sha}"
-            )
+        # the locked file by URL; with a mirror, the same version and hash from there
+        lines = requirement_lines(entries, bool(index or find_links))
         reqs = gen / "conda-meta" / "lingbot-pip-requirements.txt"
         reqs.write_text("\n".join(lines) + "\n")
         cmd = base + ["--require-hashes", "-r", str(reqs)]
@@ -282,7 +283,7 @@ def _build(p: Plan, gen: Path, installer: str, src: Sources, cache_dir: Path, pr
         raise ProvisionError(str(exc)) from None
     hooks.write_env_files(gen, entries, str(p.spec.path))
     pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
-    pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, progress)
+    pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, cache_dir, progress)
     _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
     fsync_dir(gen / "conda-meta")
     return records, pip

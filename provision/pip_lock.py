@@ -5,7 +5,9 @@ x86_64, linux-aarch64 -> aarch64), whatever machine runs the relock.
 
 Contract: `resolve_pip` returns pip's `--report` install items; `conda_shortfalls` names the packages
 both parts would own where conda's version does not satisfy a pip requirement (lock.make_lock gives
-each one owner); `pip_locked` makes the entries, leaving out every name the conda part owns.
+each one owner); `pip_locked` makes the entries, leaving out every name the conda part owns;
+`requirement_lines` is how a locked pip part is asked of pip at install time (the env's own pip, or the
+host's for another platform: provision/wheel_install.py), exactly the locked files by their sha256.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from provision.lockfile import LockError
+from provision.lockfile import LockedPackage, LockError
 
 # conda subdir -> the machine name of its wheels' platform tags and of PEP 508's platform_machine
 PIP_ARCH = {"linux-64": "x86_64", "linux-aarch64": "aarch64", "linux-ppc64le": "ppc64le"}
@@ -30,6 +32,16 @@ def pip_arch(platform: str) -> str:
             f"the pip part cannot be locked for {platform}: manylinux wheels exist for "
             f"{', '.join(PIP_ARCH)}; remove the pip part or that platform from `platforms:`"
         ) from None
+
+
+def requirement_lines(entries: list[LockedPackage], mirror: bool) -> list[str]:
+    """pip's requirement lines for the locked `entries`: the locked file by URL, or with a mirror
+    (--index-url / --find-links) the same version from there; both with the lock's sha256."""
+    lines = []
+    for d in entries:
+        sha = f"--hash=sha256:{d.sha256}"
+        lines.append(f"{d.name}=={d.version} {sha}" if mirror else f"{d.name} @ {d.url} {sha}")
+    return lines
 
 
 def manylinux_platforms(glibc: str, arch: str) -> list[str]:

@@ -7,8 +7,9 @@ lock file's sha256, the platform, the spec's variables, the version of the activ
 computed variables follow from the locked packages), the hook templates and the sources of the
 projects pip installs after the lock (this checkout, for its own environment.yml). The same hash in
 a complete env's manifest means there is nothing to do. Another architecture (`--platform
-linux-aarch64` on an x86 login node): refused up front where a step would run the target's binaries
-and this machine cannot (provision/crossarch.py), and refused over an env of another platform (jobs
+linux-aarch64` on an x86 login node) needs no emulation: nothing of the target runs (provision/
+crossarch.py); it is refused up front only where this machine cannot install its pip part or projects
+(no wheel tags for that platform, no pypa `installer` here), and over an env of another platform (jobs
 on the other nodes use it): such an env needs its own prefix.
 """
 
@@ -150,7 +151,7 @@ def plan(
 
 
 def _check_platform_target(lock: LockFile, platform: str, target: Path, projects: list[Path]) -> None:
-    from provision.crossarch import cross_install_refusal
+    from provision.crossarch import host_install_refusal
 
     try:
         there = prefixes.read_manifest(target).get("platform")
@@ -164,10 +165,10 @@ def _check_platform_target(lock: LockFile, platform: str, target: Path, projects
         )
     steps = []
     if lock.for_platform(platform, "pip"):
-        steps.append("the pip part (bin/python -m pip)")
+        steps.append("the pip part")
     if projects:
         steps.append("this checkout's install (--no-project skips it)")
-    why = cross_install_refusal(platform, steps)
+    why = host_install_refusal(platform, steps)
     if why:
         raise ProvisionError(why)
 

@@ -2,10 +2,10 @@
 (`bin/envcheck --simulate-worker --platform linux-aarch64`): the env is provisioned by bin/provision's code
 for linux-aarch64 on this x86 host (tests/support/aarch64_env.py: Debian arm64 stand-ins for conda-forge's
 python/compilers/sysroot/openssl, the lock's aarch64 torch 2.13.0 and triton 3.7.1 wheels installed by the
-env's own python under qemu); the compile rows (Triton's C build, Inductor's C++ kernel with its precompiled
-header, cpp_extension) must PASS with the env's toolchain, FlexAttention on this CPU is SKIPped with the
-reason (torch's CPU lowering needs AVX2), and each missing piece (compiler, sysroot files, openssl) must FAIL
-with its fix.
+host's pip and pypa's installer, no aarch64 program run); the compile rows (Triton's C build, Inductor's
+C++ kernel with its precompiled header, cpp_extension) must PASS with the env's toolchain, FlexAttention
+on this CPU is SKIPped with the reason (torch's CPU lowering needs AVX2), and each missing piece
+(compiler, sysroot files, openssl) must FAIL with its fix.
 
 Opt-in (LINGBOT_AARCH64_WORKER=1, root): it downloads ~2.9 GB of wheels once and runs torch under qemu for
 tens of minutes (docs/tests.md has the figures)."""
@@ -44,9 +44,12 @@ def aarch64_env() -> Path:
     if os.geteuid() != 0:
         pytest.fail("the emulated aarch64 worker needs root (binfmt_misc, mounts, chroot); run as root")
     cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
-    qemu, root = emulation.qemu_root(cache / "emulation"), emulation.arm64_root(cache / "emulation")
+    # the emulated worker's qemu and arm64 root (bin/envcheck --simulate-worker reuses this cache); the
+    # provision itself runs no aarch64 program
+    emulation.qemu_root(cache / "emulation")
+    emulation.arm64_root(cache / "emulation")
     wheels = download_wheels(cache / "aarch64-wheels", REPO / "conda-lock.yml")
-    prefix, _ = provision_env(cache / "aarch64-work", wheels, qemu, root)
+    prefix, _ = provision_env(cache / "aarch64-work", wheels)
     return prefix
 
 

@@ -1,5 +1,5 @@
-"""An aarch64 env built by bin/provision's own code on this x86 host (`--platform linux-aarch64`), with
-the aarch64 program steps run under qemu (provision/emulation.py's binfmt entry):
+"""An aarch64 env built by bin/provision's own code on this x86 host (`--platform linux-aarch64`), running
+no aarch64 program (the pip part is installed by the host: provision/wheel_install.py):
 
 - a local channel with the linux-aarch64 stand-ins (tests/support/aarch64_standins.py: python 3.11, the
   compilers, sysroot, openssl, pip);
@@ -10,21 +10,20 @@ the aarch64 program steps run under qemu (provision/emulation.py's binfmt entry)
   python inside the emulated worker);
 - `lock.make_lock` (the pip part resolved for aarch64 against PyPI by the host's pip) and
   `install.provision` with `pip_find_links` = a directory of the locked wheels (downloaded once by the
-  host's pip: ~2.9 GB); the env's own aarch64 python runs `pip install` under qemu.
+  host's pip: ~2.9 GB), installed by the host's pip and pypa's installer (no qemu needed; the env's own
+  aarch64 python runs only later, in the emulated worker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from provision import emulation, install, lock
+from provision import install, lock
 from provision.spec import load_spec
 
 from .aarch64_standins import standin_packages
@@ -92,13 +91,9 @@ def spec_text(name: str, chan: Path, openssl: bool = True) -> str:
     )
 
 
-def provision_env(root: Path, wheels: Path, qemu: Path, arm64_root: Path, *, name: str = "lingbot-aarch64",
-                  openssl: bool = True, log=print) -> tuple[Path, dict]:  # fmt: skip
-    """Lock and provision the env under `root`; returns (prefix, timings in seconds).
-
-    The env's python is dynamically linked (as conda-forge's): outside a chroot, qemu needs an aarch64
-    loader and glibc, given here as QEMU_LD_PREFIX=`arm64_root` (on a login node: libc6:arm64 or
-    libc6-arm64-cross's /usr/aarch64-linux-gnu)."""
+def provision_env(root: Path, wheels: Path, *, name: str = "lingbot-aarch64", openssl: bool = True,
+                  log=print) -> tuple[Path, dict]:  # fmt: skip
+    """Lock and provision the env under `root`; returns (prefix, timings in seconds)."""
     spec_dir = root / name
     spec_dir.mkdir(parents=True, exist_ok=True)
     chan = channel(root)
@@ -119,23 +114,8 @@ def provision_env(root: Path, wheels: Path, qemu: Path, arm64_root: Path, *, nam
         key_path.write_text(key)
     times["lock_s"] = round(time.monotonic() - start, 1)
     start = time.monotonic()
-    with emulation.binfmt(qemu), _environ(QEMU_LD_PREFIX=str(arm64_root)):
-        plan = install.plan(spec, spec.name, lock_path, root / "envs" / name, platform="linux-aarch64")
-        install.provision(plan, cache_dir=root / "pkgs", pip_find_links=str(wheels),
-                          progress=install.Progress(enabled=True))  # fmt: skip
+    plan = install.plan(spec, spec.name, lock_path, root / "envs" / name, platform="linux-aarch64")
+    install.provision(plan, cache_dir=root / "pkgs", pip_find_links=str(wheels),
+                      progress=install.Progress(enabled=True))  # fmt: skip
     times["provision_s"] = round(time.monotonic() - start, 1)
     return plan.target, times
-
-
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -20,9 +20,12 @@ def write_wheel(
     module_source: str,
     requires: Sequence[str] = (),
     tag: str = "py3-none-any",
+    extra: Mapping[str, bytes] | None = None,
 ) -> Path:
     """A wheel with one module `name`, written as the wheel spec says (RECORD hashes); `tag` its
-    compatibility tag (e.g. cp311-cp311-manylinux_2_28_aarch64: one wheel per architecture)."""
+    compatibility tag (e.g. cp311-cp311-manylinux_2_28_aarch64: one wheel per architecture); `extra`
+    more members by their path in the wheel (`NAME-VERSION.dist-info/entry_points.txt`,
+    `NAME-VERSION.data/scripts/...`)."""
     dist_info = f"{name}-{version}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
     metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
@@ -33,6 +36,7 @@ def write_wheel(
             f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: {tag}\n".encode()
         ),
     }
+    members.update(extra or {})
     record = []
     for path, data in members.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -102,7 +102,7 @@ def grace(kind: GpuKind) -> str:
     return (
         f"{kind.name} nodes have a Grace CPU: platform {kind.platform}, so the job's env is the "
         f"{kind.platform} one (bin/provision NAME --platform {kind.platform} on a {kind.platform} node, "
-        f"or from an x86 login node with emulation: docs/platforms.md)"
+        f"or from an x86 login node onto a shared filesystem, no emulation needed: docs/platforms.md)"
     )
 
 
