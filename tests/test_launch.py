@@ -316,8 +316,12 @@ def test_rendezvous_comes_from_slurm_variables(tmp_path, monkeypatch):
 
 
 def test_rendezvous_on_one_node_and_manual_multinode():
-    r = rendezvous(args_for(), {})
-    assert (r.nnodes, r.node_rank, r.master_addr) == (1, 0, "127.0.0.1") and r.master_port > 0
+    r = rendezvous(args_for(), {})  # torchrun --standalone binds its own port: none is picked here
+    assert (r.nnodes, r.node_rank, r.master_addr, r.master_port) == (1, 0, "127.0.0.1", None)
+    one_node_job = {"SLURM_JOB_ID": "1234", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07"}
+    assert rendezvous(args_for(), one_node_job).master_port is None
+    assert rendezvous(args_for("--master-port", "999"), one_node_job).master_port == 999
+    assert rendezvous(args_for(), {"MASTER_PORT": "998"}).master_port == 998
     with pytest.raises(PreflightError, match="--master-addr"):
         rendezvous(args_for("--nnodes", "2", "--node-rank", "1"), {})
     with pytest.raises(PreflightError, match="LINGBOT_ATTEMPT_ID"):

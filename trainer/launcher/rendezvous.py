@@ -1,4 +1,10 @@
-"""torchrun's static rendezvous and the attempt id: from the flags, else Slurm's variables, else one node."""
+"""torchrun's rendezvous and the attempt id: from the flags, else Slurm's variables, else one node.
+
+Several nodes use torchrun's static rendezvous on node 0's address and a port every node derives alike
+(the flags, $MASTER_PORT, else 20000 + the Slurm job id % 20000). One node without a port given uses
+`torchrun --standalone` (`master_port` None): torchrun's store binds port 0 itself, so no other process
+can take the port between its choice and its use (a port picked here and bound seconds later by torchrun
+was once taken meanwhile on a loaded host: EADDRINUSE, the attempt failed before any rank started)."""
 
 from __future__ import annotations
 
@@ -6,7 +12,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,7 +24,7 @@ class Rendezvous:
     nnodes: int
     node_rank: int
     master_addr: str
-    master_port: int
+    master_port: int | None  # None: one node, `torchrun --standalone` binds a free port itself
     attempt: str
 
 
@@ -35,12 +40,6 @@ def first_slurm_host(nodelist: str) -> str:
     return head.group(1) + (head.group(2) or "") if head else nodelist
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rendezvous(args: argparse.Namespace, environ: dict[str, str]) -> Rendezvous:
     job = environ.get("SLURM_JOB_ID")
     nnodes = args.nnodes or int(environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or 1)
@@ -53,14 +52,11 @@ def rendezvous(args: argparse.Namespace, environ: dict[str, str]) -> Rendezvous:
         addr = first_slurm_host(nodelist) if nodelist else ("127.0.0.1" if nnodes == 1 else None)
     if not addr:
         raise PreflightError(f"--nnodes {nnodes} outside Slurm needs --master-addr (node 0's address)")
-    port = args.master_port or int(environ.get("MASTER_PORT") or 0)
-    if not port:
-        if job:
-            port = 20000 + int(job) % 20000  # the same on every node of the job, without talking
-        elif nnodes == 1:
-            port = free_port()
-        else:
+    port: int | None = args.master_port or int(environ.get("MASTER_PORT") or 0) or None
+    if port is None and nnodes > 1:
+        if not job:
             raise PreflightError(f"--nnodes {nnodes} outside Slurm needs --master-port")
+        port = 20000 + int(job) % 20000  # the same on every node of the job, without talking
     if environ.get("LINGBOT_ATTEMPT_ID"):
         attempt = environ["LINGBOT_ATTEMPT_ID"]
     elif job:
