@@ -105,21 +105,25 @@ def _resolve(names: list[str], env: dict[str, str]) -> dict[str, dict[str, str]]
 
 
 def _download(debs: dict[str, dict[str, str]], deb_dir: Path, env: dict[str, str]) -> dict[str, Path]:
+    """The .debs not yet cached, in one `apt-get download` call (pipelined), each checked against apt's
+    sha256 before it is kept."""
     deb_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, meta in sorted(debs.items()):
-        path = deb_dir / f"{name}_{meta['sha256'][:16]}_arm64.deb"
-        if not (path.is_file() and x86._sha256(path) == meta["sha256"]):
-            with tempfile.TemporaryDirectory(dir=deb_dir) as tmp:
-                proc = subprocess.run(["apt-get", "download", f"{name}={meta['version']}"], cwd=tmp, env=env,
-                                      capture_output=True, text=True)  # fmt: skip
-                got = sorted(Path(tmp).glob(f"{name}_*.deb"))
-                if proc.returncode != 0 or len(got) != 1:
-                    raise StandinBuildError(f"apt-get download {name} (arm64) failed: {proc.stderr.strip()}")
-                if x86._sha256(got[0]) != meta["sha256"]:
-                    raise StandinBuildError(f"{got[0].name}: sha256 differs from apt's index; not using it")
-                os.replace(got[0], path)
-        paths[name] = path
+    paths = {name: deb_dir / f"{name}_{meta['sha256'][:16]}_arm64.deb" for name, meta in debs.items()}
+    wanted = sorted(n for n, p in paths.items() if not (p.is_file() and x86._sha256(p) == debs[n]["sha256"]))
+    if not wanted:
+        return paths
+    with tempfile.TemporaryDirectory(dir=deb_dir) as tmp:
+        proc = subprocess.run(["apt-get", "download", *(f"{n}={debs[n]['version']}" for n in wanted)],
+                              cwd=tmp, env=env, capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            raise StandinBuildError(f"apt-get download (arm64) of {' '.join(wanted)}: {proc.stderr.strip()}")
+        for name in wanted:
+            got = sorted(Path(tmp).glob(f"{name}_*.deb"))
+            if len(got) != 1:
+                raise StandinBuildError(f"apt-get download {name} (arm64) left {len(got)} files, not one")
+            if x86._sha256(got[0]) != debs[name]["sha256"]:
+                raise StandinBuildError(f"{got[0].name}: sha256 differs from apt's index; not using it")
+            os.replace(got[0], paths[name])
     return paths
 
 
