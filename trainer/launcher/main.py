@@ -88,18 +88,12 @@ def default_run_dir(config: str) -> Path:
 
 
 def torchrun_command(launch: Launch, nproc: int, attempt: Attempt) -> list[str]:
-    """torchrun with the static rendezvous, or --standalone on one node without a port given
-    (trainer/launcher/rendezvous.py); each rank loads the attempt's config.json and nothing else."""
+    """torchrun with the rendezvous's flags; each rank loads the attempt's config.json and nothing else."""
     rdzv = launch.rdzv
-    if rdzv.master_port is None:
-        meeting = ["--standalone"]
-    else:
-        meeting = ["--master-addr", rdzv.master_addr, "--master-port", str(rdzv.master_port),
-                   "--rdzv-id", rdzv.attempt]  # fmt: skip
     return [
         str(launch.choice.python), "-m", "torch.distributed.run",
         "--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank), "--nproc-per-node", str(nproc),
-        *meeting, "--max-restarts", "0",
+        *rdzv.torchrun_flags(), "--max-restarts", "0",
         "--log-dir", str(attempt.node_log_dir(rdzv.node_rank)),
         "-m", "trainer.loop.train", "--run-dir", str(launch.run_dir), "--attempt-dir", str(attempt.dir),
     ]  # fmt: skip

@@ -27,6 +27,13 @@ class Rendezvous:
     master_port: int | None  # None: one node, `torchrun --standalone` binds a free port itself
     attempt: str
 
+    def torchrun_flags(self) -> list[str]:
+        """How torchrun meets: --standalone on one node without a port given, else the static rendezvous."""
+        if self.master_port is None:
+            return ["--standalone"]
+        port = str(self.master_port)
+        return ["--master-addr", self.master_addr, "--master-port", port, "--rdzv-id", self.attempt]
+
 
 def first_slurm_host(nodelist: str) -> str:
     if shutil.which("scontrol"):
