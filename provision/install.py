@@ -40,7 +40,7 @@ from provision import activation, crossarch, hooks, wheel_install
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
 from provision.fetch import FetchError, conda_records
-from provision.lock import run_async
+from provision.lock import current_platform, run_async
 from provision.lockfile import LockedPackage
 from provision.pip_lock import requirement_lines
 from provision.plan import Plan, ProvisionError, generations_dir, plan, up_to_date
@@ -320,6 +320,13 @@ def provision(
     target, started = p.target, time.monotonic()
     if installer not in INSTALLERS:
         raise ProvisionError(f"--installer {installer}: choose one of {', '.join(INSTALLERS)}")
+    if installer != "rattler" and crossarch.foreign(p.platform):
+        # conda, mamba and micromamba byte-compile noarch packages with the env's own python when linking
+        raise ProvisionError(
+            f"--installer {installer} for {p.platform} on this {current_platform()} machine: its link step "
+            f"runs the env's own python (byte-compiling noarch packages), a {p.platform} program; use the "
+            f"default --installer rattler, which runs nothing of the target"
+        )
     noop = {"action": "up-to-date", "prefix": str(target)}
     if not force and up_to_date(p):  # fast path, before taking the lock
         return {**noop, "seconds": round(time.monotonic() - started, 3)}

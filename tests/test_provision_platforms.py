@@ -131,3 +131,15 @@ def test_an_env_of_another_platform_is_never_provisioned_over(tmp_path):
     spec = load_spec(REPO / "environment.yml")
     with pytest.raises(ProvisionError, match=f"holds the {current_platform()} env.*needs its own place"):
         plan(spec, None, REPO / "conda-lock.yml", target, FOREIGN, install_project=False, log=lambda _: None)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("installer", ["conda", "mamba", "micromamba"])
+def test_an_installer_that_runs_the_envs_python_is_refused_for_another_platform(tmp_path, installer):
+    from provision.install import provision
+
+    spec = load_spec(REPO / "environment.yml")
+    the_plan = plan(spec, None, REPO / "conda-lock.yml", tmp_path / "env", FOREIGN, log=lambda _: None)
+    with pytest.raises(ProvisionError, match=f"--installer {installer} for {FOREIGN}.*--installer rattler"):
+        provision(the_plan, installer=installer, cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "env").exists() and not (tmp_path / "cache").exists()
