@@ -139,7 +139,6 @@ def _pip_install(
     entries: list[LockedPackage],
     index: str | None,
     find_links: str | None,
-    cache_dir: Path,
     progress: Progress,
 ) -> list[dict]:
     """The lock's pip part (--no-deps, hashes required), then the projects (this checkout) in their
@@ -157,7 +156,7 @@ def _pip_install(
         progress(f"no python in the env: skipping the pip install of {', '.join(map(str, p.projects))}")
         return []
     if crossarch.foreign(p.platform):
-        return wheel_install.install_from_host(p, gen, entries, index, find_links, cache_dir, progress)
+        return wheel_install.install_from_host(p, gen, entries, index, find_links, progress)
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PYTHONNOUSERSITE": "1"}
     base = [
         str(python),
@@ -283,7 +282,7 @@ def _build(p: Plan, gen: Path, installer: str, src: Sources, cache_dir: Path, pr
         raise ProvisionError(str(exc)) from None
     hooks.write_env_files(gen, entries, str(p.spec.path))
     pip_part = sorted(p.lock.for_platform(p.platform, "pip"), key=lambda d: d.name)
-    pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, cache_dir, progress)
+    pip = _pip_install(p, gen, pip_part, src.pip_index, src.pip_find_links, progress)
     _write_manifest(p, gen, records, pip, installer, time.monotonic() - started)
     fsync_dir(gen / "conda-meta")
     return records, pip

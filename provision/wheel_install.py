@@ -3,7 +3,7 @@ env's programs: how bin/provision fills an env for another platform (an aarch64 
 node; provision/crossarch.py says what runs where). On the env's own platform the env's own pip does it
 (provision/install.py), as before.
 
-Contract: `install_from_host(p, gen, entries, index, find_links, work_dir, progress)` does what the env's
+Contract: `install_from_host(p, gen, entries, index, find_links, progress)` does what the env's
 own `pip install --no-deps` would, with the host's tools, and returns the manifest's pip records:
 1. the host's pip (`sys.executable -m pip download`, `--isolated`, PIP_CONFIG_FILE=/dev/null: the
    user's pip config does not decide what a cluster env holds) downloads exactly the locked files:
@@ -21,10 +21,12 @@ own `pip install --no-deps` would, with the host's tools, and returns the manife
 3. each project (this checkout) is built into a wheel by the host's pip (`pip wheel --no-deps
    --no-build-isolation --no-index`), which must be pure Python (a wheel tagged for this machine is
    refused: it would be the wrong architecture), and installed the same way.
-Downloads and built wheels go to a temporary directory under `work_dir` (the provision cache, which
-already holds GBs of conda packages: a login node's /tmp may be a small tmpfs) and are deleted after;
-pip's own HTTP cache spares a re-download. Everything else goes into `gen`, which the caller deletes on
-any failure. Errors are ProvisionError naming the package or file and the fix.
+Downloads and built wheels go to a temporary directory inside `gen` itself (the env's filesystem, which
+holds the GBs they unpack into anyway; a login node's /tmp may be a small tmpfs), deleted before the
+manifest is written; pip's own HTTP cache spares a re-download. Everything goes into `gen`, which the
+caller deletes on any failure, and which the next provision removes as a leftover generation after a
+kill (provision/install.py `_clean_stale`): a killed download never stays behind. Errors are
+ProvisionError naming the package or file and the fix.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ def build_project_wheel(project: Path, out: Path, platform: str) -> Path:
 
 def install_from_host(
     p: Plan, gen: Path, entries: list[LockedPackage], index: str | None, find_links: str | None,
-    work_dir: Path, progress: Callable[[str], None],
+    progress: Callable[[str], None],
 ) -> list[dict]:  # fmt: skip
     """The pip part, then the projects, into `gen` by this machine's Python (the module docstring)."""
     python_version = env_python_version(gen, p.lock, p.platform)
@@ -264,8 +266,7 @@ def install_from_host(
         compiling = f"not byte-compiling: the env's python is cpython {python_version}, and pyc files are "
         compiling += "version-specific (it compiles on import)"
     progress(f"pip for {p.platform} by this machine's python ({here}), none of the env's: {compiling}")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".pip-host-", dir=work_dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix=".lingbot-pip-host-", dir=gen) as tmp:
         if entries:
             reqs = gen / "conda-meta" / "lingbot-pip-requirements.txt"  # as the native step writes it
             reqs.write_text("\n".join(requirement_lines(entries, bool(index or find_links))) + "\n")

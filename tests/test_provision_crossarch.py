@@ -111,6 +111,11 @@ def test_aarch64_env_is_provisioned_here_running_none_of_its_programs(root, lock
     started = _processes(monkeypatch)
     progress, had_build = io.StringIO(), (REPO / "build").exists()
     target = root / "envs" / "xa"
+    # what a provision killed during its download leaves: a generation without a manifest, the wheels
+    # downloaded so far inside it; the next provision removes it (a kill never keeps GBs behind)
+    killed = install.generations_dir(target) / "20261206-000000-killed" / ".lingbot-pip-host-x"
+    killed.mkdir(parents=True)
+    (killed / "torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl").write_bytes(b"part of a download")
     the_plan = install.plan(locked["spec"], "xa", locked["lock"], target, FOREIGN, log=lambda _: None)
     assert the_plan.projects == [REPO]
     result = install.provision(the_plan, cache_dir=root / "pkgs", pip_find_links=str(locked["wheels"]),
@@ -120,6 +125,8 @@ def test_aarch64_env_is_provisioned_here_running_none_of_its_programs(root, lock
     assert completeness(target) == (True, "")
     gen = Path(result["generation"])
     assert os.path.realpath(target) == str(gen) and read_manifest(target)["platform"] == FOREIGN
+    assert not killed.parent.exists(), "the killed provision's generation and its downloads are removed"
+    assert not list(gen.glob(".lingbot-pip-host-*")), "the download folder is gone before the manifest"
     assert read_manifest(target)["pip"] == [{"name": "tinyarm", "version": "1.0", "sha256": locked["sha256"]}]
 
     # the locked wheel, laid out as pip running in the env would lay it out
@@ -151,6 +158,9 @@ def test_aarch64_env_is_provisioned_here_running_none_of_its_programs(root, lock
     assert not inside, inside
     pips = [argv[3] for argv in started if argv[:3] == [sys.executable, "-m", "pip"]]
     assert pips == ["download", "wheel"], started
+    (download,) = [argv for argv in started if argv[:4] == [sys.executable, "-m", "pip", "download"]]
+    dest = Path(download[download.index("--dest") + 1])  # inside the generation: a kill leaves it there
+    assert dest.parent == gen and dest.name.startswith(".lingbot-pip-host-"), download
     try:
         ran = subprocess.run([str(gen / "bin" / "python"), "-c", ""], capture_output=True).returncode
     except OSError as exc:  # no binfmt_misc entry for aarch64 here: Exec format error
@@ -171,4 +181,4 @@ def test_a_wheel_missing_from_the_mirror_fails_naming_it_and_leaves_nothing(root
     assert "tinyarm==1.0" in message and f"--find-links {empty}" in message
     assert "--pip-find-links" in message and "the env is untouched" in message
     assert not target.exists() and not any(install.generations_dir(target).iterdir())
-    assert not any((root / "pkgs").glob(".pip-host-*")), "the download folder is removed"
+    assert not list(root.rglob(".lingbot-pip-host-*")), "the download folder is removed"
