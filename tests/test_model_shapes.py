@@ -59,16 +59,22 @@ def test_the_check_can_fail():
     assert [p.trained for p in table].count(False) == 4  # condition_embedder_action.text_embedder
 
 
-def test_the_launcher_sizes_a_checkpoint_without_importing_torch():
+def test_the_launcher_sizes_a_checkpoint_and_judges_the_inputs_without_importing_torch(tmp_path):
+    """torch's import is 2 CPU-s: bin/train's launcher, which starts torchrun and its ranks, never pays it
+    on a CPU node (each rank does); the inputs check (trainer/launcher/inputs.py) included: it imported
+    the encoders for their folder rules (trainer/data/encoding/folders.py owns them now)."""
     code = (
         "import sys\n"
         "import trainer.launcher.main\n"
         "from trainer.config import load_config\n"
         "from trainer.checkpoint.size import estimate_bytes, model_size\n"
         "from trainer.launcher.envchoice import gpu_count\n"
+        "from trainer.launcher.inputs import inputs_check\n"
         "from provision.nodeinfo import cpu_only_node\n"
-        "cfg = load_config('furniture_train', cpu_scale=True, overrides={})\n"
+        f"overrides = {{'data.path': {str(tmp_path)!r}}}\n"
+        "cfg = load_config('furniture_train', cpu_scale=True, overrides=overrides)\n"
         "print(estimate_bytes(cfg, model_size(cfg), 2))\n"
+        "assert inputs_check(cfg)[0].startswith('data: no episodes under')\n"
         "if cpu_only_node():  # a GPU node's count is torch's own, and imports it\n"
         "    assert gpu_count() == 0\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
@@ -77,7 +83,7 @@ def test_the_launcher_sizes_a_checkpoint_without_importing_torch():
     assert proc.returncode == 0, proc.stderr
     from trainer.checkpoint.size import ModelSize, estimate_bytes
 
-    cfg = load_config("furniture_train", cpu_scale=True, overrides={})
+    cfg = load_config("furniture_train", cpu_scale=True, overrides={"data.path": str(tmp_path)})
     with torch.device("meta"):
         expected = estimate_bytes(cfg, ModelSize.of(list(WorldModel(cfg).parameters())), 2)
     assert proc.stdout.split()[0] == str(expected)

@@ -28,15 +28,14 @@ def inputs_check(cfg: RunConfig) -> list[str]:
 
 
 def _encoder_notes(cfg: RunConfig) -> list[str]:
-    from trainer.data.encoding.encoder import EncoderError, _vae_folder
-    from trainer.data.encoding.text import _folders
+    from trainer.data.encoding.folders import EncoderError, text_folders, vae_folder
 
     notes = []
     try:
         if cfg.data.encoder == "wan_vae":
-            notes.append(f"encoder: the Wan2.2 VAE in {_vae_folder(cfg.data.vae_path)}")
+            notes.append(f"encoder: the Wan2.2 VAE in {vae_folder(cfg.data.vae_path)}")
         if cfg.data.text_encoder:
-            enc, tok = _folders(cfg.data.text_encoder, cfg.data.tokenizer)
+            enc, tok = text_folders(cfg.data.text_encoder, cfg.data.tokenizer)
             notes.append(f"text encoder: {enc} (tokenizer {tok})")
     except EncoderError as exc:
         raise PreflightError(str(exc)) from exc

@@ -120,7 +120,7 @@ def raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
 # Failures a rerun repeats until the input is fixed (RankStatus.needs_fix; the launcher's last line says it)
 def needs_fix(exc: BaseException) -> str | None:
     from trainer.config import ConfigError
-    from trainer.data.encoding.encoder import EncoderError
+    from trainer.data.encoding.folders import EncoderError
     from trainer.data.formats.furniturebench import DatasetError
     from trainer.model.attention import BackendUnavailable
     from trainer.model.weights import PretrainedError

@@ -168,7 +168,7 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
     import torch
 
     from trainer.config import ConfigError
-    from trainer.data.encoding.encoder import EncoderError
+    from trainer.data.encoding.folders import EncoderError
     from trainer.data.formats.furniturebench import DatasetError
     from trainer.sampling.load import TargetError
 

@@ -40,16 +40,13 @@ import hashlib
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-
-class EncoderError(ValueError):
-    """An encoder that cannot be built (missing folder, wrong sizes); names the folder/key and the fix."""
+from trainer.data.encoding.folders import EncoderError, vae_folder
 
 
 class StreamError(ValueError):
@@ -209,18 +206,6 @@ class _PatchMeanStream(_Stream):
         return self.enc._latents(torch.cat([head, self.enc._groups(rest)]) if len(rest) else head)
 
 
-def _vae_folder(path: str) -> Path:
-    folder = Path(path).expanduser()
-    if (folder / "vae" / "config.json").is_file():
-        folder = folder / "vae"  # the released model's root was given
-    if not (folder / "config.json").is_file():
-        raise EncoderError(
-            f"data.vae_path={path!r}: no {folder / 'config.json'}; point it at the Wan2.2 VAE folder "
-            "(the released model's vae/, holding config.json and diffusion_pytorch_model.safetensors)"
-        )
-    return folder
-
-
 def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -235,7 +220,7 @@ class WanVAEEncoder:
     stand_in = False
 
     def __init__(self, path: str, latent_side: int, device: torch.device | None = None, width: int = 0):
-        self.folder = _vae_folder(path)
+        self.folder = vae_folder(path)
         try:
             self.vae_config = json.loads((self.folder / "config.json").read_text())
         except ValueError as exc:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from trainer.data.encoding.encoder import EncoderError, default_device
+from trainer.data.encoding.encoder import default_device
+from trainer.data.encoding.folders import EncoderError, text_folders
 
 
 class TextEncoder(Protocol):
@@ -64,32 +64,6 @@ class StandInText:
         return emb, mask
 
 
-def _folders(text_encoder: str, tokenizer: str) -> tuple[Path, Path]:
-    enc = Path(text_encoder).expanduser()
-    if (enc / "text_encoder" / "config.json").is_file():
-        root, enc = enc, enc / "text_encoder"
-        tok = Path(tokenizer).expanduser() if tokenizer else root / "tokenizer"
-    else:
-        tok = Path(tokenizer).expanduser() if tokenizer else enc.parent / "tokenizer"
-        if not tokenizer and not tok.is_dir():
-            tok = enc  # a folder holding both
-    if not (enc / "config.json").is_file():
-        raise EncoderError(
-            f"data.text_encoder={text_encoder!r}: no {enc / 'config.json'}; "
-            "point it at the T5 encoder folder "
-            "(the released model's text_encoder/, or the model root holding text_encoder/ and tokenizer/)"
-        )
-    if not any(
-        (tok / name).is_file() for name in ("tokenizer.json", "spiece.model", "tokenizer_config.json")
-    ):
-        raise EncoderError(
-            f"data.tokenizer: no tokenizer files in {tok} (tokenizer.json / spiece.model); "
-            "set data.tokenizer "
-            "to the released model's tokenizer/ folder"
-        )
-    return enc, tok
-
-
 class T5Text:
     """Sizes and the cache's config come from the folders' files; the model loads on the first embed."""
 
@@ -97,7 +71,7 @@ class T5Text:
     stand_in = False
 
     def __init__(self, text_encoder: str, tokenizer: str, length: int, device: torch.device | None = None):
-        self.enc_folder, self.tok_folder = _folders(text_encoder, tokenizer)
+        self.enc_folder, self.tok_folder = text_folders(text_encoder, tokenizer)
         self.length = length
         self.device = device or default_device()
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
