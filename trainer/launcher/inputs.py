@@ -8,7 +8,7 @@ the episodes or the weights in full:
   meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
   videos;
 - encoders: data.vae_path (data.encoder wan_vae) and data.text_encoder hold their config.json (and the
-  tokenizer files), by the encoders' own folder rules (trainer/data/encoding/encoder.py, text.py);
+  tokenizer files), by the encoders' own folder rules (trainer/data/encoding/folders.py, torch-free);
 - weights: model.pretrained's files hold exactly the tensors, by name and shape, of the model its
   config.json describes (safetensors headers against the model built on the meta device; the same
   check_layout the ranks' strict load runs).
