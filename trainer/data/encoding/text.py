@@ -117,7 +117,7 @@ class T5Text:
                     f"{self.enc_folder} / {self.tok_folder}: cannot load the T5 encoder or tokenizer "
                     f"({type(exc).__name__}: {exc})"
                 ) from exc
-            model.to(self.device)  # type: ignore[arg-type]
+            model.to(self.device)
             self._loaded = (tokenizer, model.eval())
         return self._loaded
 
