@@ -10,18 +10,24 @@ is the child's user + system (resource.getrusage), medians over the rounds:
      rules (exit 2), start-up to exit
   C  `python -c "import torch"`
   D  `python -c "import trainer.loop.train"`: what every rank imports
+  E  `python -m trainer.launcher furniture_train 2 --cpu-scale --preflight-only --run-dir R`: the launcher's
+     whole way to torchrun (config, env checks, the inputs check, the space check), the compile checks
+     reused from the pass the uncounted first round recorded in R (as a requeue onto the same node does)
 A launcher that imported torch paid C (or more: DCP pulls in torch.distributed.tensor and sympy) on each
 of the suite's ~130 launches, and on every launch of a Slurm job's two steps. Also asserts that A leaves
-torch unimported.
+torch unimported. E came back to torch's import once (2026-12-06: the inputs check imported the encoders
+for their folder rules; trainer/data/encoding/folders.py owns those now, without torch).
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +41,7 @@ COMMANDS = {
     "C import torch": [sys.executable, "-c", "import torch"],
     "D rank import": [sys.executable, "-c", "import trainer.loop.train"],
 }  # fmt: skip
+PREFLIGHT = "E launcher to torchrun (--preflight-only)"
 EXPECTED_EXIT = {"B refused launch (exit 2)": 2}
 
 
@@ -54,9 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from bench.common import machine
 
-    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
-    for _ in range(args.rounds + 1):  # the first round warms the page cache and is not counted
-        for name, command in COMMANDS.items():
+    scratch = Path(tempfile.mkdtemp(prefix="bench-launch-"))
+    commands = {
+        **COMMANDS,
+        PREFLIGHT: [
+            sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--cpu-scale",
+            "--preflight-only", "--run-dir", str(scratch / "run"), "--set", f"data.path={scratch / 'data'}",
+        ],
+    }  # fmt: skip
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    # the first round (not counted) warms the page cache; E's records the compile-check pass
+    for _ in range(args.rounds + 1):
+        for name, command in commands.items():
             samples[name].append(cpu_of(command, EXPECTED_EXIT.get(name, 0)))
     med = {name: statistics.median(values[1:]) for name, values in samples.items()}
 
@@ -79,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"launcher import / torch import: {ratio('A launcher import', 'C import torch')}; "
         f"refused launch / rank import: {ratio('B refused launch (exit 2)', 'D rank import')}; "
+        f"launcher to torchrun / torch import: {ratio(PREFLIGHT, 'C import torch')}; "
         "the launcher import leaves torch unimported (A exits 0 only then)",
     ]
     text = "\n".join(lines) + "\n"
@@ -87,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         from provision.atomic import write_atomic
 
         write_atomic(args.out, text.encode())
+    shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -14,6 +14,13 @@ pause rank 0 inside a checkpoint save (before its commit) and hold it there for 
 signal: a save that takes longer than a minute, as a 5B model's does. The drivers read Slurm's view of
 their jobs from one shared observer (tests/support/slurm_watch.py: one `scontrol` per 0.2 s for all jobs,
 not one per driver).
+
+Ranks per job: 2 where the claim is about ranks (the uninterrupted reference, a rank's error, kill -9 of a
+rank or of torchrun, the slow saves that park rank 0 inside an FSDP save while rank 1 waits, two nodes x 1
+rank). The quick stops (usr1, usr1_first_step, time_limit, requeue, scancel, the two stops in preflight)
+run 1 rank and resume to `complete_1`'s losses: their claim is Slurm's signal -> bin/train -> save ->
+requeue path, which the 2-rank jobs above also take (usr1_slow, time_limit_slow, requeue_slow,
+two_nodes_usr1), and a rank costs ~4-7 CPU-s per attempt on a host whose suite is bounded by CPU.
 """
 
 from __future__ import annotations
@@ -47,6 +54,15 @@ from tests.support.slurm_watch import JobWatch
 
 TINY = tiny(keep=3, tensorboard=None)
 NPROC = 2
+ONE_RANK = {
+    "usr1",
+    "usr1_first_step",
+    "time_limit",
+    "requeue",
+    "scancel",
+    "preflight_usr1",
+    "preflight_scancel",
+}
 SLOW_SAVE_S = 80  # longer than KILL_WAIT_S + 20 s: under TERM, Slurm's SIGKILL comes first
 TIME_LIMIT_MIN = 30  # the time-limit scenarios' --time; the driver shortens it once rank 0 is parked
 JOB_TIMEOUT = 900
@@ -318,10 +334,13 @@ def drive_preflight_stop(how: list[str]):
 
 def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
     def sc(name: str, *cli: str) -> Scenario:
-        return Scenario(name, root / name, data_dir, list(cli))
+        return Scenario(name, root / name, data_dir, list(cli), nproc=1 if name in ONE_RANK else NPROC)
 
     out = []
     out.append((sc("complete"), drive_complete))
+    one = sc("complete_1")  # the 1-rank jobs' uninterrupted reference
+    one.nproc = 1
+    out.append((one, drive_complete))
     s = sc("rank_error")
     s.pause("step:2", rank=1)
     s.env["LINGBOT_TEST_PAUSE_DIR"] = str(s.root / "missing-dir")  # rank 1 raises FileNotFoundError there
@@ -433,11 +452,24 @@ def assert_requeued_and_completed(sc: Scenario, record: dict[str, str], referenc
     return result
 
 
-@pytest.fixture(scope="module")
-def reference(outcomes) -> dict:
-    sc, record = outcome(outcomes, "complete")
+def completed_losses(outcomes, name: str) -> dict:
+    sc, record = outcome(outcomes, name)
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", (record, slurm_output(sc))
     return losses_by_step(sc.run_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(outcomes) -> dict:
+    """The uninterrupted 2-rank run's losses (the `complete` scenario)."""
+    return completed_losses(outcomes, "complete")
+
+
+@pytest.fixture(scope="module")
+def references(outcomes, reference) -> dict[int, dict]:
+    """Per rank count, the uninterrupted run's losses (1 rank: `complete_1`)."""
+    one = completed_losses(outcomes, "complete_1")
+    assert sorted(one) == sorted(reference) and one != reference, (one, reference)  # another world size
+    return {NPROC: reference, 1: one}
 
 
 # --- the tests -------------------------------------------------------------------------------------
@@ -530,9 +562,10 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
         "requeue_slow",
     ],
 )
-def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, reference, name):
+def test_a_stop_is_saved_requeued_resumed_and_completed(outcomes, references, name):
     sc, record = outcome(outcomes, name)
-    result = assert_requeued_and_completed(sc, record, reference)
+    assert sc.nproc == (1 if name in ONE_RANK else NPROC), sc.nproc
+    result = assert_requeued_and_completed(sc, record, references[sc.nproc])
     log = slurm_log(sc)
     out = tail(log)
     if name == "requeue_slow":
