@@ -70,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }  # fmt: skip
     samples: dict[str, list[float]] = {name: [] for name in commands}
-    # the first round (not counted) warms the page cache; E's records the compile-check pass
-    for _ in range(args.rounds + 1):
-        for name, command in commands.items():
-            samples[name].append(cpu_of(command, EXPECTED_EXIT.get(name, 0)))
+    try:  # the first round (not counted) warms the page cache; E's records the compile-check pass
+        for _ in range(args.rounds + 1):
+            for name, command in commands.items():
+                samples[name].append(cpu_of(command, EXPECTED_EXIT.get(name, 0)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     med = {name: statistics.median(values[1:]) for name, values in samples.items()}
 
     def ratio(a: str, b: str) -> str:
@@ -104,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         from provision.atomic import write_atomic
 
         write_atomic(args.out, text.encode())
-    shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
