@@ -15,6 +15,13 @@ preflight_record   session; the record of one real `--preflight-only` pass of th
                    made once per run for all xdist workers (schedule.once)
                    (tests/support/runs.py: seed_preflight puts it in a run dir, where the product's own
                    reuse rule decides whether it applies).
+run_inductor_cache function; this run's one Inductor cache, for the tests that compile inside the pytest
+                   process: TORCHINDUCTOR_CACHE_DIR set (for the test only) to a directory every xdist
+                   worker shares, made empty when the run starts (schedule.once). Inductor's CPU ISA
+                   probe (per process, its .so files in that dir) and identical kernels are then built
+                   once per run, not once per compiling worker; every distinct graph still compiles.
+                   Never for probes or product runs: envcheck's probes use private empty caches by
+                   design, and bin/train gets the session's variables (below).
 
 Each test starts with the compile-cache variables the session started with (autouse): torch exports
 TORCHINDUCTOR_CACHE_DIR into the process that compiled (torch/_inductor/runtime/cache_dir_utils.py), and
@@ -135,6 +142,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The lane check (tests/support/lanes.py), then the parallel plan (tests/support/schedule.py)."""
     _lanes(config, items)
     _schedule(config, items)
+
+
+@pytest.fixture
+def run_inductor_cache(tmp_path_factory, monkeypatch) -> Path:
+    """TORCHINDUCTOR_CACHE_DIR for this test: the run's shared Inductor cache (the module docstring)."""
+    cache = once(tmp_path_factory, "inductor-cache", lambda root: root)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    return cache
 
 
 @pytest.fixture(scope="session")

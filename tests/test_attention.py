@@ -1,4 +1,7 @@
-"""flex and sdpa compute the same attention on the real LingBot mask; backend choice per device."""
+"""flex and sdpa compute the same attention on the real LingBot mask; backend choice per device.
+
+The compiled flex case compiles into the run's shared Inductor cache (tests/conftest.py
+run_inductor_cache, empty when the run starts), not the host's persistent default dir."""
 
 import pytest
 import torch
@@ -61,7 +64,9 @@ def test_sdpa_matches_naive_outputs_and_gradients():
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_flex_forward_matches_sdpa_on_cpu(compiled):
+def test_flex_forward_matches_sdpa_on_cpu(compiled, request):
+    if compiled:
+        request.getfixturevalue("run_inductor_cache")
     layout, mask_mod, q, k, v = _setup(chunk=2, window=3)
     flex = FlexBackend(BLOCK, compiled=compiled)
     sdpa = SdpaBackend()

@@ -2,7 +2,10 @@
 interrupted saves.
 
 Runs in this process as a one-rank gloo group with a small fully_shard-ed model (the 2-rank behaviour
-is covered end to end in test_resume.py).
+is covered end to end in test_resume.py). The resume check's free keys (data.latent_cache among them:
+a run may resume across a change of it, once held end to end by test_diskspace.py's latent-cache case) are
+test_resume_conflicts_name_what_changed's. The size estimate is checked against a real DCP checkpoint of
+the cpu_scale model after one AdamW step on a synthetic micro-batch of the run's shapes (no dataset).
 """
 
 from __future__ import annotations
@@ -180,6 +183,9 @@ def test_resume_conflicts_name_what_changed():
         "furniture_train", cpu_scale=True, overrides={"train.steps": "80", "train.lr": "1e-4"}
     )
     assert resume_conflicts(saved, longer, 2) == []  # more steps, another LR: a legitimate resume
+    uncached = load_config("furniture_train", cpu_scale=True, overrides={"data.latent_cache": "false"})
+    assert uncached.data.latent_cache != cfg.data.latent_cache
+    assert resume_conflicts(saved, uncached, 2) == []  # the same data, encoded elsewhere (test_diskspace.py)
     dim = cfg.model.dim
     new_dim = dim * 3 // 2  # a head dim whose third is still even (the reference's 3-D RoPE)
     wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": str(new_dim)})
@@ -247,12 +253,13 @@ def test_a_damaged_checkpoint_is_named_moved_aside_and_the_newest_intact_one_res
 def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_group, tmp_path):
     from trainer.checkpoint.size import estimate_bytes, model_size
     from trainer.model.parallel import build_model
+    from trainer.plan.memory import synthetic_micro_batch
 
     cfg = load_config("furniture_train", cpu_scale=True)
     model = build_model(cfg, torch.device("cpu"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0)
-    model(next(iter([_batch(cfg)])))["loss"].backward()
+    model(synthetic_micro_batch(cfg))["loss"].backward()  # the run's shapes; the data plays no part
     optimizer.step()  # AdamW's moments exist from the first step on
     info = Checkpointer(tmp_path, CheckpointConfig(keep=1), last_step=0, attempt="e1").save(
         1, model, optimizer, scheduler, train_state={"config": cfg.to_dict(), "losses": {}}
@@ -260,12 +267,6 @@ def test_the_size_estimate_is_within_10_percent_of_a_real_checkpoint(process_gro
     real = sum(p.stat().st_size for p in info.path.iterdir())
     estimate = estimate_bytes(cfg, model_size(cfg), 1)
     assert abs(estimate - real) / real < 0.10, (estimate, real)
-
-
-def _batch(cfg):
-    from trainer.data.stream import build_stream
-
-    return build_stream(cfg, 0, 1).micro_batch(1, 0)
 
 
 @pytest.mark.fast

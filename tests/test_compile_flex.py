@@ -2,8 +2,11 @@
 
 The block mask is rebuilt every micro-batch from tensors (ids, and the window as a 0-d tensor), so the
 compiled flex_attention sees the same graph inputs: 50 forward steps with 4 chunk sizes and dozens of windows
-compile once. Control: the same kernel with the window as a Python int compiles once per window value.
+compile once. Control: the same kernel with the window as a Python int compiles once per window value
+(two values, two graphs).
 (CPU: compiled flex forward only; torch 2.13 has no CPU flex backward.)
+Compiles go into the run's shared Inductor cache (tests/conftest.py run_inductor_cache), empty when the
+run starts; the claims are Dynamo's graph counts and flex against sdpa, whatever the cache holds.
 """
 
 import pytest
@@ -15,7 +18,7 @@ from trainer.model import WorldModel
 from trainer.model.attention import make_backend
 from trainer.model.masks import SequenceShape, lingbot_mask_mod, token_layout
 
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.usefixtures("run_inductor_cache")]
 
 STEPS = 50
 
@@ -50,7 +53,7 @@ def test_control_a_python_int_window_recompiles_per_value():
     backend = make_backend("flex", 32, compiled=True)
     shape = SequenceShape(frames=4, tokens_per_frame=8, actions_per_frame=3)
     q = torch.randn(1, 2, 192, 8)
-    for window in (4, 5, 6):
+    for window in (4, 5):
         layout = token_layout(shape, 2, 2, 32)
         backend.attend(q, q, q, backend.build_mask(lingbot_mask_mod(layout, window), layout.length, "cpu"))
-    assert counters["stats"]["unique_graphs"] == 3
+    assert counters["stats"]["unique_graphs"] == 2

@@ -1,6 +1,9 @@
 """train.compile: the per-block torch.compile path (Inductor C++ on this CPU) trains the same losses as
 eager, keeps parameter names (checkpoints resume across the switch), and compiles once: the recipe's
-per-micro-batch chunk and window redraws change mask values only, never a shape, so nothing recompiles."""
+per-micro-batch chunk and window redraws change mask values only, never a shape, so nothing recompiles.
+
+The compile goes into the run's shared Inductor cache (tests/conftest.py run_inductor_cache), cold at the
+run's start: what it may reuse was compiled earlier in this run."""
 
 from __future__ import annotations
 
@@ -54,8 +57,7 @@ def run(compiled: bool, init_file) -> tuple[list[float], list[int], list[str], l
     return losses, graphs, names, chunks
 
 
-def test_compiled_blocks_train_the_eager_losses_without_recompiling(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a cold, private cache
+def test_compiled_blocks_train_the_eager_losses_without_recompiling(tmp_path, run_inductor_cache):
     torch._dynamo.reset()
     counters.clear()
     eager, eager_graphs, eager_names, chunks = run(False, tmp_path / "init0")

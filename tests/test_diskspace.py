@@ -1,9 +1,18 @@
 """Full disks and quotas on real small filesystems (tmpfs mounted and unmounted by the test, as root).
 
-Each case runs `python -m trainer.launcher` (what bin/train execs) on 2 CPU ranks with a tiny model and the
+Each case runs `python -m trainer.launcher` (what bin/train execs) on CPU ranks with a tiny model and the
 run dir on a tmpfs, and asserts the one-line message, the exit code, a summary.json that does not claim
-success, no traceback on the terminal, and that a re-run after freeing space resumes and completes.
-Where mounting is not allowed the tests skip with the reason (they never pass without running).
+success, no traceback on the terminal, and that a re-run after freeing space completes (resuming where
+there is a checkpoint). Where mounting is not allowed the tests skip with the reason (they never pass
+without running).
+
+Ranks: 2 where a second rank is part of the path (a DCP save on 2 ranks, and rank 1 waiting in a collective
+while rank 0 prepares the cache); the final summary's case runs 1 rank for 2 steps, as rank 0 alone writes
+summary.json (after the last barrier) and the launcher judges the run. The latent cache's case makes its
+episodes in this process with data.latent_cache=false (build_stream of rank 1 of 2: a private temporary
+cache, no collective, nothing beside the episodes), so its re-run starts fresh; that a run may resume
+across a change of data.latent_cache (a free key) is
+tests/test_checkpoint.py::test_resume_conflicts_name_what_changed's.
 """
 
 from __future__ import annotations
@@ -14,8 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.diskfull import Tmpfs, assert_said_once, launch, launcher_lines, one_checkpoint
-from tests.support.runs import STEPS, clean_env, finish, release, seed_preflight, summary, wait_for
+from tests.support.diskfull import (
+    Tmpfs,
+    assert_said_once,
+    launch,
+    launcher_lines,
+    one_checkpoint,
+    tiny_config,
+)
+from tests.support.runs import STEPS, clean_env, finish, release, seed_preflight, summary, tiny, wait_for
 from trainer.checkpoint.layout import damage, scan
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
@@ -97,8 +113,9 @@ def test_out_of_space_writing_the_final_summary_never_claims_success(
     seed_preflight(run_dir, preflight_record)
     pause = tmp_path / "pause"
     pause.mkdir()
-    extra = {"LINGBOT_TEST_PAUSE_AT": f"summary:{STEPS}", "LINGBOT_TEST_PAUSE_DIR": str(pause)}
-    proc = launch(run_dir, data_dir, base_env, extra_env=extra)
+    short = {"overrides": tiny(steps=2, keep=2, tensorboard=False), "nproc": 1}  # rank 0 alone writes it
+    extra = {"LINGBOT_TEST_PAUSE_AT": "summary:2", "LINGBOT_TEST_PAUSE_DIR": str(pause)}
+    proc = launch(run_dir, data_dir, base_env, extra_env=extra, **short)
     wait_for(pause, "reached", proc)
     filler = fs.fill()  # the disk fills up while rank 0 is about to write summary.json
     release(pause)
@@ -111,20 +128,25 @@ def test_out_of_space_writing_the_final_summary_never_claims_success(
     assert s["status"] == "running" and s["exit_code"] is None  # this attempt's `running`: not done
 
     filler.unlink()  # free space: the re-run finds the last step saved and says the run is complete
-    rc, out, err = finish(launch(run_dir, data_dir, base_env))
+    rc, out, err = finish(launch(run_dir, data_dir, base_env, **short))
     assert rc == 0, err
     assert summary(run_dir)["status"] == "completed"
 
 
 def test_out_of_space_in_the_latent_cache(tmp_path, tmpfs, base_env, preflight_record):
+    from trainer.config import apply_overrides
+    from trainer.data.stream import build_stream
+
     fs = tmpfs(64 << 20, "data")  # the collector-format episodes (two 224 px views) fit, then it is filled
     data = fs.path / "furniture"
     run_fs = tmpfs(one_checkpoint() * 8, "runfs")
     run_dir = run_fs.path / "run"
     seed_preflight(run_dir, preflight_record)
-    # generate the episodes without a cache beside them (latent_cache=false: a private temporary one)
-    rc, out, err = finish(launch(run_dir, data, base_env, "train.steps=1", "data.latent_cache=false"))
-    assert rc == 0, err
+    # generate the episodes without a cache beside them (latent_cache=false: a private temporary one, made by
+    # rank 1 of 2 alone: no process group here, so no collective either)
+    cfg = tiny_config()
+    apply_overrides(cfg, {"data.path": str(data), "data.latent_cache": "false"}, "test")
+    assert build_stream(cfg, 1, 2).data_summary is not None
     latents = data / "one_leg" / ".latents"
     assert not latents.exists()
     filler = fs.fill()  # the episodes fit; the cache beside them does not
@@ -141,5 +163,5 @@ def test_out_of_space_in_the_latent_cache(tmp_path, tmpfs, base_env, preflight_r
     rc, out, err = finish(launch(run_dir, data, base_env, "train.steps=2"))
     assert rc == 0, err
     s = summary(run_dir)
-    assert (s["status"], s["resumed_from"], s["last_step"]) == ("completed", 1, 2)
+    assert (s["status"], s["resumed_from"], s["last_step"]) == ("completed", None, 2)
     assert len(list(latents.glob("*/manifest.json"))) == 1

@@ -3,7 +3,8 @@
 NaN is injected on one rank at known steps by the test hook LINGBOT_TEST_NAN_AT (trainer/testhooks.py):
 under train.nonfinite=stop the run ends at that step (exit 1, one line, summary `failed` + `diverged`, no
 checkpoint from it); under skip the update is dropped (the checkpoints before and after are equal) and
-the run stops after too many in a row. A learning rate that diverges on its own stops the same way; a
+the run stops after too many in a row. A learning rate that diverges on its own stops the same way (on 1
+rank: it diverges on every rank; the rank-specific blame is the stop and skip tests', on 2); a
 checkpoint holding NaN (as an older version or a hand could write it) is refused in the preflight. The
 fast tests check the blame and policy logic and the refused save in-process.
 """
@@ -15,13 +16,12 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.runs import seed_preflight
+from tests.support.runs import launcher_argv, seed_preflight
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame
 from trainer.outcomes import Diverged
 
@@ -40,7 +40,12 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def run(
-    run_dir: Path, data_dir: Path, sets: list[str], nan_at: str | None = None, record: Path | None = None
+    run_dir: Path,
+    data_dir: Path,
+    sets: list[str],
+    nan_at: str | None = None,
+    record: Path | None = None,
+    nproc: int = 2,
 ) -> tuple[int, str]:
     if record is not None:  # the session's compile-check pass (tests/support/runs.py); not a preflight test
         seed_preflight(run_dir, record)
@@ -49,7 +54,7 @@ def run(
     env["OMP_NUM_THREADS"] = "1"
     if nan_at:
         env["LINGBOT_TEST_NAN_AT"] = nan_at
-    argv = [sys.executable, "-m", "trainer.launcher", "furniture_train", "2", "--run-dir", str(run_dir)]
+    argv = launcher_argv(run_dir, nproc)  # python -m trainer.launcher furniture_train NPROC --run-dir RUN_DIR
     for item in [*TINY, f"data.path={data_dir}", *sets]:
         argv += ["--set", item]
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
@@ -166,9 +171,8 @@ def test_skip_drops_the_update_and_stops_after_too_many_in_a_row(tmp_path, data_
 @pytest.mark.heavy
 def test_a_learning_rate_that_diverges_on_its_own_stops_the_run(tmp_path, data_dir, preflight_record):
     run_dir = tmp_path / "run"
-    rc, out = run(
-        run_dir, data_dir, ["train.steps=8", "checkpoint.every=1", "train.lr=1e10"], record=preflight_record
-    )
+    sets = ["train.steps=8", "checkpoint.every=1", "train.lr=1e10"]
+    rc, out = run(run_dir, data_dir, sets, record=preflight_record, nproc=1)  # every rank diverges
     assert rc == 1, out
     lines = failure_lines(out)
     assert len(lines) == 1 and "diverged at step" in lines[0], out

@@ -5,7 +5,9 @@ python/compilers/sysroot/openssl, the lock's aarch64 torch 2.13.0 and triton 3.7
 host's pip and pypa's installer, no aarch64 program run); the compile rows (Triton's C build, Inductor's
 C++ kernel with its precompiled header, cpp_extension) must PASS with the env's toolchain, FlexAttention
 on this CPU is SKIPped with the reason (torch's CPU lowering needs AVX2), and each missing piece
-(compiler, sysroot files, openssl) must FAIL with its fix.
+(compiler, sysroot files, openssl) must FAIL with its fix. A missing piece is hidden by an overlay over
+the env in a private mount namespace (`without`), never by changing the cached env, so the missing-piece
+runs go beside the full run (the fixture `reports`).
 
 Opt-in (LINGBOT_AARCH64_WORKER=1, root): it downloads ~2.9 GB of wheels once and runs torch under qemu for
 tens of minutes (docs/tests.md has the figures)."""
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -39,85 +42,130 @@ pytestmark = [
 ]
 
 
+@dataclass(frozen=True)
+class Lane:
+    prefix: Path  # the aarch64 env (a symlink to its generation, as bin/provision makes it)
+    qemu: Path
+
+
 @pytest.fixture(scope="module")
-def aarch64_env() -> Path:
+def aarch64_env() -> Lane:
     if os.geteuid() != 0:
         pytest.fail("the emulated aarch64 worker needs root (binfmt_misc, mounts, chroot); run as root")
     cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
     # the emulated worker's qemu and arm64 root (bin/envcheck --simulate-worker reuses this cache); the
     # provision itself runs no aarch64 program
-    emulation.qemu_root(cache / "emulation")
+    qemu = emulation.qemu_root(cache / "emulation")
     emulation.arm64_root(cache / "emulation")
     wheels = download_wheels(cache / "aarch64-wheels", REPO / "conda-lock.yml")
     prefix, _ = provision_env(cache / "aarch64-work", wheels)
-    return prefix
+    return Lane(prefix, qemu)
 
 
-def envcheck(prefix: Path, out: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = subprocess.run(
-        [str(REPO / "bin" / "envcheck"), "--simulate-worker", "--platform", "linux-aarch64",
-         "--prefix", str(prefix), "--json-file", str(out), *flags],
-        capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
-    report = json.loads(out.read_text())
-    return proc, {c["name"]: c for c in report["checks"]}
+def envcheck_argv(prefix: Path, out: Path, *flags: str) -> list[str]:
+    return [str(REPO / "bin" / "envcheck"), "--simulate-worker", "--platform", "linux-aarch64",
+            "--prefix", str(prefix), "--json-file", str(out), *flags]  # fmt: skip
 
 
-class hidden:
-    """Rename `paths` aside for the block and back afterwards (exactly those, whatever happens)."""
+def without(prefix: Path, hide: list[str], argv: list[str], scratch: Path) -> list[str]:
+    """`argv` in a private mount namespace where the env's files `hide` (relative to its prefix) are gone:
+    an overlay over the env's generation at the same path, the files deleted in it (whiteouts in its
+    upper dir). The cached env itself is never touched, so a run that is killed leaves nothing to restore."""
+    gen = Path(os.path.realpath(prefix))
+    (scratch / "upper").mkdir(parents=True)
+    (scratch / "work").mkdir()
+    (scratch / "hide").write_text("".join(f"{rel}\0" for rel in hide))
+    # every listed file must exist and go (xargs fails the script otherwise): nothing is hidden by accident
+    script = (
+        "set -e; mount --make-rprivate /"
+        '; mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$1"'
+        '; cd "$1"; xargs -0 rm -- < "$4"; shift 4; exec "$@"'
+    )
+    layers = [str(gen), str(scratch / "upper"), str(scratch / "work"), str(scratch / "hide")]
+    return ["unshare", "--mount", "sh", "-c", script, "hide", *layers, *argv]
 
-    def __init__(self, *paths: Path):
-        self.paths = paths
 
-    def __enter__(self) -> None:
-        self.done: list[Path] = []
+MISSING = {  # the piece, the files hidden (relative to the prefix; the sysroot's from its conda-meta record)
+    "compiler": [f"bin/{TARGET}-{c}" for c in ("cc", "gcc", "c++", "g++")],
+    "sysroot": ["conda-meta:sysroot_linux-aarch64"],
+    "openssl": ["bin/openssl"],
+}
+
+
+def _files(prefix: Path, hide: list[str]) -> list[str]:
+    out = []
+    for rel in hide:
+        if rel.startswith("conda-meta:"):  # every file of the package: glibc's dev files, kernel headers
+            (record,) = (prefix / "conda-meta").glob(f"{rel.split(':', 1)[1]}-*.json")
+            out += json.loads(record.read_text())["files"]
+        else:
+            out.append(rel)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reports(aarch64_env, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, dict]]:
+    """The full `--worker` run, and beside it the three `--fast` runs with a piece missing, one after
+    another: two emulated envchecks at once (the full run's single-threaded cpp_extension compile leaves a
+    core to spare; two bound the memory of qemu'd torch imports). The binfmt_misc entry is held for all of
+    them: an envcheck finding someone else's entry uses it and leaves it, so the first to end cannot take it
+    from the others (test_emulation_aarch64.py holds that binfmt_misc is restored exactly)."""
+    tmp = tmp_path_factory.mktemp("envchecks")
+    out: dict[str, tuple[subprocess.CompletedProcess, dict]] = {}
+
+    def finish(name: str, proc: subprocess.Popen) -> None:
+        stdout, stderr = proc.communicate(timeout=3600)
+        report = json.loads((tmp / f"{name}.json").read_text())
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        out[name] = done, {c["name"]: c for c in report["checks"]}
+
+    def start(argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    prefix = aarch64_env.prefix
+    with emulation.binfmt(aarch64_env.qemu):
+        full = start(envcheck_argv(prefix, tmp / "full.json"))
         try:
-            for path in self.paths:
-                path.rename(f"{path}.lingbot-hidden")
-                self.done.append(path)
-        except BaseException:
-            self.__exit__()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        for path in reversed(self.done):
-            Path(f"{path}.lingbot-hidden").rename(path)
-        self.done = []
+            for name, hide in MISSING.items():
+                argv = envcheck_argv(prefix, tmp / f"{name}.json", "--fast")
+                finish(name, start(without(prefix, _files(prefix, hide), argv, tmp / f"overlay-{name}")))
+            finish("full", full)
+        finally:
+            if full.poll() is None:
+                full.kill()
+                full.wait()
+    return out
 
 
 def _inside(path: str, prefix: Path) -> bool:
     return os.path.realpath(path).startswith(os.path.realpath(prefix) + os.sep)
 
 
-def test_aarch64_worker_passes_the_compile_rows_with_the_envs_own_toolchain(aarch64_env, tmp_path):
-    proc, checks = envcheck(aarch64_env, tmp_path / "pass.json")
+def test_aarch64_worker_passes_the_compile_rows_with_the_envs_own_toolchain(aarch64_env, reports):
+    prefix = aarch64_env.prefix
+    proc, checks = reports["full"]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in (*COMPILE_ROWS, "variables.CC", "variables.CXX", "toolchain.sysroot", "toolchain.openssl"):
         assert checks[name]["status"] == "PASS", checks[name]
     for name in COMPILE_ROWS:
-        assert _inside(checks[name]["details"]["compiler_path"], aarch64_env), checks[name]["details"]
+        assert _inside(checks[name]["details"]["compiler_path"], prefix), checks[name]["details"]
         assert f"/bin/{TARGET}-" in checks[name]["details"]["compiler_path"], checks[name]["details"]
-    assert _inside(checks["toolchain.openssl"]["details"]["openssl"], aarch64_env)
+    assert _inside(checks["toolchain.openssl"]["details"]["openssl"], prefix)
     assert checks["env.versions"]["status"] == "PASS", checks["env.versions"]  # torch, triton as locked
     flex = checks["compile.flex_attention"]  # torch's CPU FlexAttention lowering is x86-only (AVX2)
     assert flex["status"] == "SKIP" and "AVX2" in flex["message"], flex
 
 
 @pytest.mark.parametrize(
-    "missing, hide, row, fix",
+    "missing, row, fix",
     [
-        ("compiler", [f"bin/{TARGET}-{c}" for c in ("cc", "gcc", "c++", "g++")], "variables.CC",
-         "gcc_linux-aarch64"),
-        ("sysroot", ["sysroot_linux-aarch64"], "toolchain.sysroot", "sysroot_linux-aarch64"),
-        ("openssl", ["bin/openssl"], "toolchain.openssl", "openssl"),
+        ("compiler", "variables.CC", "gcc_linux-aarch64"),
+        ("sysroot", "toolchain.sysroot", "sysroot_linux-aarch64"),
+        ("openssl", "toolchain.openssl", "openssl"),
     ],
-)  # fmt: skip
-def test_aarch64_worker_fails_a_missing_piece_with_its_fix(aarch64_env, tmp_path, missing, hide, row, fix):
-    if missing == "sysroot":  # every file of the package: glibc's dev files, kernel headers
-        (record,) = (aarch64_env / "conda-meta").glob(f"{hide[0]}-*.json")
-        hide = json.loads(record.read_text())["files"]
-    with hidden(*(aarch64_env / rel for rel in hide)):
-        proc, checks = envcheck(aarch64_env, tmp_path / f"no-{missing}.json", "--fast")
+)
+def test_aarch64_worker_fails_a_missing_piece_with_its_fix(reports, missing, row, fix):
+    proc, checks = reports[missing]
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert checks[row]["status"] == "FAIL" and fix in checks[row]["fix"], checks[row]
     if missing == "sysroot":  # the compile rows fail too, with the sysroot's fix

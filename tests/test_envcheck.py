@@ -4,6 +4,13 @@ simulation (no gcc, binutils, crt files or headers) and on this host (which has 
 Two envs are built once per session: `lingbot-test-bare` (only `lingbot-probe`) and `lingbot-test-tool`
 (the same plus the toolchain stand-in: gcc_linux-64, gxx_linux-64, sysroot_linux-64). Neither has a
 python, so the probes run with the tool python in the env's job environment (as the report says).
+
+A warm Triton cache does not turn a missing compiler into a PASS: held by
+test_worker_without_toolchain_fails_with_the_real_errors (its envcheck run goes over a cache warmed by the
+toolchain env and proven to mask the missing compiler; the run FAILs compile.triton_build with "Failed to
+find C compiler", its cache.triton_dir row names that cache, and the cache is left unchanged). The test
+that held it alone with a `--fast` envcheck run of its own,
+test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass, was merged into it (one run fewer).
 """
 
 from __future__ import annotations
@@ -231,6 +238,48 @@ def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
         assert not os.path.exists(path)
 
 
+@pytest.mark.fast
+def test_cpu_flex_reuses_the_inductor_probes_scratch_which_is_gone_after_the_run(tmp_path, monkeypatch):
+    """On CPU, compile.flex_attention's probe runs in compile.inductor_cpp's TORCHINDUCTOR_CACHE_DIR and
+    TMPDIR (empty when the Inductor probe started; what it left there is there for FlexAttention), never in
+    its TRITON_CACHE_DIR; another probe (compile.triton_build) keeps caches of its own; the shared dirs are
+    gone when run_table returns. (Stand-in probe programs that report their dirs: the real compiles are
+    test_worker_with_toolchain_passes_not_activated's.)"""
+    script = (
+        "import json, os, sys\n"
+        "probe = os.path.basename(sys.argv[0])[len('envcheck_probe_'):-len('.py')]\n"
+        "names = ('TRITON_CACHE_DIR', 'TORCHINDUCTOR_CACHE_DIR', 'TMPDIR')\n"
+        "seen = {n: sorted(os.listdir(os.environ[n])) for n in names}\n"
+        "for n in names:\n"
+        "    open(os.path.join(os.environ[n], probe + '.built'), 'w').close()\n"
+        "print('ENVCHECK_RESULT=' + json.dumps({'ok': True, 'stage': 'done', 'seen': seen,\n"
+        "      'dirs': {n: os.environ[n] for n in names}}))\n"
+    )
+    monkeypatch.setattr(probes, "script", lambda name: script)
+    # the job's own Inductor cache and TMPDIR, warm: never what a probe gets
+    warm = {name: tmp_path / name for name in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR")}
+    for path in warm.values():
+        path.mkdir()
+        (path / "cached-kernel.so").write_bytes(b"warm")
+    caller = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **{k: str(v) for k, v in warm.items()}}
+    ctx = Context(prefix=tmp_path, worker=False, fast=False, caller_env=caller, compile_as_caller=True)
+    rows = _rows("compile.triton_build", "compile.inductor_cpp", "compile.flex_attention")
+    checks = {c.name: c for c in run_table(ctx, rows)}
+    assert all(c.status == PASS for c in checks.values()), checks
+    details = {n: c.details for n, c in checks.items()}
+    ind, flex, tri = (details[f"compile.{n}"] for n in ("inductor_cpp", "flex_attention", "triton_build"))
+    assert ind["seen"] == {n: [] for n in ind["dirs"]}, ind  # empty when the run's first compile started
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):
+        assert ind["dirs"][name] != str(warm[name])
+        assert flex["dirs"][name] == ind["dirs"][name] and flex["seen"][name] == ["inductor_cpp.built"]
+        assert tri["dirs"][name] != ind["dirs"][name]
+    triton = "TRITON_CACHE_DIR"
+    assert flex["dirs"][triton] != ind["dirs"][triton] and not flex["seen"][triton]
+    assert tri["seen"] == {n: [] for n in tri["dirs"]}, tri
+    left = [d for details in (ind, flex, tri) for d in details["dirs"].values() if os.path.exists(d)]
+    assert not left, left
+
+
 # --- host with its system gcc: a login node ---------------------------------------------------------
 
 
@@ -358,11 +407,59 @@ def test_slow_checks_run_at_once_and_wait_only_for_their_prerequisites(tmp_path)
 # --- inside the worker simulation ---------------------------------------------------------------------
 
 
+TRITON_CACHE_PROBE = r"""
+import sys
+from triton.runtime import build
+src = '#include <Python.h>\n' \
+      'static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "warm_probe", NULL, -1, NULL};\n' \
+      'PyMODINIT_FUNC PyInit_warm_probe(void) { return PyModule_Create(&m); }\n'
+try:
+    build.compile_module_from_src(src, "warm_probe")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+    sys.exit(1)
+print("loaded")
+"""
+
+
+def warm_the_bare_envs_triton_cache(worker, envs, worker_env, home: Path, tmp_path: Path):
+    """The real Triton cache dir of the bare env's jobs (HOME=home), filled by a passing run of the env with
+    the toolchain; proven to mask the missing compiler for anything that reads it. Returns the dir and its
+    files."""
+    base = scrubbed_environment({**worker_env, "HOME": str(home)})
+    bare_job, tool_job = job_environment(envs.bare, base), job_environment(envs.tool, base)
+    cache = Path(bare_job["TRITON_CACHE_DIR"])  # the real cache dir the bare env's jobs use
+    tool_job["TRITON_CACHE_DIR"] = str(cache)
+    script = tmp_path / "warm_probe.py"
+    script.write_text(TRITON_CACHE_PROBE)
+
+    # A passing run (the env with the toolchain) leaves compiled modules in that cache ...
+    warmed = worker.run([sys.executable, str(script)], env=tool_job, cwd=tmp_path, timeout=120)
+    assert warmed.stdout.strip() == "loaded", warmed.stdout + warmed.stderr
+    cached = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
+    assert any(p.name.endswith(".so") for p in cached)
+    # ... and they really do mask the missing compiler for anything that reads the cache:
+    masked = worker.run([sys.executable, str(script)], env=bare_job, cwd=tmp_path, timeout=120)
+    assert masked.stdout.strip() == "loaded", masked.stdout + masked.stderr
+    cold_env = {**bare_job, "TRITON_CACHE_DIR": str(tmp_path / "cold")}
+    cold = worker.run([sys.executable, str(script)], env=cold_env,
+                      cwd=tmp_path, timeout=120)  # fmt: skip
+    assert "Failed to find C compiler" in cold.stdout
+    return cache, cached
+
+
 @pytest.mark.heavy
 @pytest.mark.worker
 def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worker_env, tmp_path):
+    """The bare env's full --worker run FAILs each compile row with the error a job would hit, and the fix.
+    It runs over a warm Triton cache (warm_the_bare_envs_triton_cache): the cache masks the missing compiler
+    for real, yet envcheck compiles in throwaway caches, FAILs, and leaves the real cache as it was."""
+    home = tmp_path / "home"
+    home.mkdir()
+    cache, cached = warm_the_bare_envs_triton_cache(worker, envs, worker_env, home, tmp_path)
     out = tmp_path / "report.json"
-    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--json-file", str(out), env=worker_env)
+    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--json-file", str(out),
+                    env={**worker_env, "HOME": str(home)})  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert_report_shape(report)
@@ -403,6 +500,10 @@ def test_worker_without_toolchain_fails_with_the_real_errors(worker, envs, worke
         and "compile.inductor_cpp" in summary
     )
     assert "envcheck: compile.inductor_cpp: FAIL in" in proc.stderr  # progress goes to stderr
+    # The warm cache did not turn the missing compiler into a PASS (the FAIL above), and it was the one
+    # this run looked at; envcheck compiled in throwaway caches: the real one is as the passing run left it.
+    assert checks["cache.triton_dir"]["message"].startswith(f"{cache} exists, writable")
+    assert sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file()) == cached
 
 
 @pytest.mark.heavy
@@ -473,55 +574,3 @@ def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_pa
     for name in ("compile.triton_build", "compile.inductor_cpp"):
         assert checks[name]["status"] == PASS and inside(checks[name]["details"]["compiler_path"], envs.tool)
     assert report["fast"] and "compile.flex_attention" not in checks and "gpu.cuda" not in checks
-
-
-TRITON_CACHE_PROBE = r"""
-import sys
-from triton.runtime import build
-src = '#include <Python.h>\n' \
-      'static struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "warm_probe", NULL, -1, NULL};\n' \
-      'PyMODINIT_FUNC PyInit_warm_probe(void) { return PyModule_Create(&m); }\n'
-try:
-    build.compile_module_from_src(src, "warm_probe")
-except Exception as exc:
-    print(f"{type(exc).__name__}: {exc}")
-    sys.exit(1)
-print("loaded")
-"""
-
-
-@pytest.mark.heavy
-@pytest.mark.worker
-def test_warm_triton_cache_does_not_turn_a_missing_compiler_into_a_pass(worker, envs, worker_env, tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    base = scrubbed_environment({**worker_env, "HOME": str(home)})
-    bare_job, tool_job = job_environment(envs.bare, base), job_environment(envs.tool, base)
-    cache = Path(bare_job["TRITON_CACHE_DIR"])  # the real cache dir the bare env's jobs use
-    tool_job["TRITON_CACHE_DIR"] = str(cache)
-    script = tmp_path / "warm_probe.py"
-    script.write_text(TRITON_CACHE_PROBE)
-
-    # A passing run (the env with the toolchain) leaves compiled modules in that cache ...
-    warmed = worker.run([sys.executable, str(script)], env=tool_job, cwd=tmp_path, timeout=120)
-    assert warmed.stdout.strip() == "loaded", warmed.stdout + warmed.stderr
-    cached = sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
-    assert any(p.name.endswith(".so") for p in cached)
-    # ... and they really do mask the missing compiler for anything that reads the cache:
-    masked = worker.run([sys.executable, str(script)], env=bare_job, cwd=tmp_path, timeout=120)
-    assert masked.stdout.strip() == "loaded", masked.stdout + masked.stderr
-    cold_env = {**bare_job, "TRITON_CACHE_DIR": str(tmp_path / "cold")}
-    cold = worker.run([sys.executable, str(script)], env=cold_env,
-                      cwd=tmp_path, timeout=120)  # fmt: skip
-    assert "Failed to find C compiler" in cold.stdout
-
-    out = tmp_path / "report.json"
-    proc = envcheck(worker, "--prefix", str(envs.bare), "--worker", "--fast", "--json-file", str(out),
-                    env={**worker_env, "HOME": str(home)})  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    checks = by_name(json.loads(out.read_text()))
-    assert checks["compile.triton_build"]["status"] == FAIL
-    assert "Failed to find C compiler" in checks["compile.triton_build"]["message"]
-    assert checks["cache.triton_dir"]["message"].startswith(f"{cache} exists, writable")
-    # envcheck compiled in throwaway caches: the real one is exactly as the passing run left it.
-    assert sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file()) == cached

@@ -12,7 +12,7 @@ Heavy (real 2-rank runs of a tiny model through `python -m trainer.launcher`, wh
   than hang.phase_s) is not a hang; torchrun's agent is stopped meanwhile (SIGSTOP): the ranks finish,
   and the launcher ends torchrun, names it, and the verdict is completed (exit 0), not a hang;
 - under the test Slurm (tests/support/slurm.py), hang.policy=auto requeues the job after the first
-  hang, and the second hang at the same step fails for good.
+  hang, and the second hang at the same step fails for good (1 rank: the claim is the policy's).
 Synchronisation is by observing files with deadlines, never by sleeps.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.runs import seed_preflight
+from tests.support.runs import pause_env, seed_preflight
 from trainer.attempt import EVALUATION, FIRST_STEP, SAVE, STEP, Attempt, Progress, read_hangs
 from trainer.config import ConfigError, HangConfig, RunConfig, check_config
 from trainer.launcher import stall
@@ -361,9 +361,8 @@ def slurm(tmp_path_factory):
 
     try:
         # its own job ids (and so torchrun ports) beside test_slurm's cluster, which may run at once
-        cluster = SlurmCluster.start(
-            tmp_path_factory.mktemp("slurm"), cpus=8, requeue_delay_s=5, first_job_id=5001
-        )
+        root = tmp_path_factory.mktemp("slurm")
+        cluster = SlurmCluster.start(root, cpus=8, requeue_delay_s=5, first_job_id=5001)
     except SlurmUnavailable as exc:
         pytest.skip(f"no Slurm here: {exc}")
     yield cluster
@@ -371,17 +370,17 @@ def slurm(tmp_path_factory):
 
 
 @pytest.mark.heavy
-def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good(tmp_path, base_env, slurm):
+def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good(
+    tmp_path, base_env, slurm, preflight_record
+):
     run_dir, pause = tmp_path / "run", tmp_path / "pause"
-    pause.mkdir()
+    seed_preflight(run_dir, preflight_record)  # both attempts reuse the session's compile checks
     script = tmp_path / "job.sbatch"
-    argv = [str(REPO / "bin" / "train"), "furniture_train", "2", "--cpu-scale", "--run-dir", str(run_dir)]
-    for item in [*TINY, f"data.path={tmp_path / 'episodes'}"]:
-        argv += ["--set", item]
-    argv += ["--cpus-per-task", "2", "--sbatch", str(script)]
-    # rank 1 parks at step 4 in every attempt and is never released: a deterministic hang
-    env = {**base_env, "LINGBOT_TEST_PAUSE_AT": "step:4", "LINGBOT_TEST_PAUSE_RANK": "1",
-           "LINGBOT_TEST_PAUSE_DIR": str(pause)}  # fmt: skip
+    argv = [str(REPO / "bin" / "train"), "furniture_train", "1", "--cpu-scale", "--run-dir", str(run_dir)]
+    argv += [arg for item in [*TINY, f"data.path={tmp_path / 'episodes'}"] for arg in ("--set", item)]
+    argv += ["--cpus-per-task", "1", "--sbatch", str(script)]
+    # the one rank parks at step 4 in every attempt and is never released: a deterministic hang
+    env = {**base_env, **pause_env(pause, "step:4", rank=0)}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     job = slurm.sbatch(script, env=env)
@@ -390,13 +389,10 @@ def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good
         timeout=1500, what="the requeued job's end",
     )  # fmt: skip
     log = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("slurm-*.out")))
-    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0" and record["Restarts"] == "1", (
-        record, log[-6000:],
-    )  # fmt: skip
-    assert log.count("ranks 0, 1 silent since step 3") >= 2 and f"requeued Slurm job {job}" in log, log[
-        -6000:
-    ]
-    assert "Traceback" not in log, log[-6000:]
+    out = log[-6000:]
+    assert [record[k] for k in ("JobState", "ExitCode", "Restarts")] == ["FAILED", "1:0", "1"], (record, out)
+    assert log.count("ranks 0 silent since step 3") >= 2 and f"requeued Slurm job {job}" in log, out
+    assert log.count(": not rerun") == 2 and "Traceback" not in log, out  # the seed, in both attempts
     result = json.loads((run_dir / "summary.json").read_text())
     assert result["status"] == "failed" and result["resumed_from"] == 2, result
     assert "second hang after step 3" in result["hung"]["requeue"], result["hung"]

@@ -6,7 +6,7 @@ Heavy (real launches of the tiny run, tests/support/runs.py):
 - a launcher parked at step 2, a second `bin/train` of the same run dir is refused within seconds (exit
   73, the holder named); then the first launcher is killed with SIGKILL, and the next launch takes the run
   dir over (one line), removes the killed launcher's compile-cache copy (one line, bytes freed), and trains
-  to the end;
+  to the end (a 2-step run on 1 rank: ownership, refusal, takeover and clean-up are the launcher's);
 - the same refusal with the run dir on a second mount (a tmpfs: a filesystem of its own).
 """
 
@@ -181,7 +181,10 @@ def test_a_second_launch_is_refused_and_a_killed_holder_is_taken_over_and_cleane
 ):
     run_dir, pause = tmp_path / "run", tmp_path / "pause"
     runs.seed_preflight(run_dir, preflight_record)
-    first = runs.launch(run_dir, tmp_path / "episodes", env, extra_env=runs.pause_env(pause, "step:2"))
+    short = {"overrides": runs.tiny(steps=2), "nproc": 1}  # all of it is the launcher's, not the ranks'
+    first = runs.launch(
+        run_dir, tmp_path / "episodes", env, extra_env=runs.pause_env(pause, "step:2"), **short
+    )
     tree: list[psutil.Process] = []
     try:
         runs.wait_for(pause, "reached", first)  # rank 0 parked in step 2: the first launch is training
@@ -199,7 +202,7 @@ def test_a_second_launch_is_refused_and_a_killed_holder_is_taken_over_and_cleane
                 pass
         psutil.wait_procs(tree, timeout=120)
     assert copy.is_dir()  # left behind by the killed launcher
-    rc, out, _ = runs.finish(runs.launch(run_dir, tmp_path / "episodes", env))
+    rc, out, _ = runs.finish(runs.launch(run_dir, tmp_path / "episodes", env, **short))
     assert rc == 0, out
     assert f"taking it over from host {socket.gethostname()}, pid {first.pid}" in out, out
     assert f"its pid {first.pid} is not running on this host" in out, out

@@ -2,17 +2,21 @@
 Python traceback there (a rank's nor torchrun's ChildFailedError); the tracebacks stay in the attempt's
 files, and the line says the next run fails the same way until the input is fixed.
 
-Runs bin/train itself (the bash entry point, the launcher, torchrun, two gloo ranks) on a tiny model.
+Runs bin/train itself (the bash entry point, the launcher, torchrun, two gloo ranks) on a tiny model. The
+run dir is seeded with the session's recorded compile-check pass (tests/support/runs.py: seed_preflight),
+so the preflight skips its compiles: the claim is about the ranks. The compile checks themselves run in
+conftest's `preflight_record` (a real `--preflight-only`) and tests/test_slurm.py's `complete` scenario.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.runs import clean_env, seed_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -22,14 +26,13 @@ TINY = [
 
 
 @pytest.mark.heavy
-def test_an_unreadable_episode_fails_in_one_line_with_the_traceback_kept(tmp_path):
+def test_an_unreadable_episode_fails_in_one_line_with_the_traceback_kept(tmp_path, preflight_record):
     data = tmp_path / "episodes"
     data.mkdir()
     (data / "0.pkl").write_bytes(b"not a pickle")  # found by the preflight, unreadable to the ranks
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))}
-    env["CONDA_ENVS_PATH"] = str(tmp_path / "no-envs")
-    env["OMP_NUM_THREADS"] = "1"
+    env = clean_env(tmp_path / "no-envs")  # no provisioned env: the tool env
     run_dir = tmp_path / "run"
+    seed_preflight(run_dir, preflight_record)  # the session's compile-check pass: not a preflight test
     sets = [a for item in [*TINY, f"data.path={data}"] for a in ("--set", item)]
     out = subprocess.run(
         [str(REPO / "bin" / "train"), "furniture_train", "2", "--run-dir", str(run_dir), *sets],

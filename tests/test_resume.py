@@ -4,6 +4,13 @@ Every run is `python -m trainer.launcher` (what bin/train execs) with a tiny mod
 files, never by sleeps: LINGBOT_TEST_PAUSE_AT makes one rank announce itself in PAUSE_DIR/reached and
 wait for PAUSE_DIR/release; the test signals the launcher, waits for the launcher's stop file (proof the
 stop request is out), then releases the rank.
+
+"Bitwise" compares, per step, the full metrics.jsonl tuple (KEYS: the losses, grad_norm, lr and the held-out
+losses). These tiny runs evaluate at every checkpoint (trainer/loop/train.py _save; not in a preemption's
+save): the reference at 2, 4 and 6, each chain at the same steps (kill -9's rerun resumes from checkpoint 2,
+written after an evaluation). So these tests also hold test_validate.py's "training after an evaluation
+continues bit for bit, also across a resume, with the same held-out losses" (that module's resumed pair was
+moved here); that an evaluation leaves training as without one stays test_validate.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from tests.support.runs import (
     STEPS,
     clean_env,
     complete_steps,
-    losses_by_step,
     pause_env,
     release,
     seed_preflight,
@@ -31,6 +37,7 @@ from tests.support.runs import finish as finish3
 from tests.support.runs import launch as launch_any
 
 TINY = tiny(keep=2, tensorboard=True)
+KEYS = ("latent_loss", "action_loss", "grad_norm", "lr", "val_latent_loss", "val_action_loss")
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow]
 
@@ -54,6 +61,12 @@ def finish(proc) -> tuple[int, str]:
     return rc, out
 
 
+def records(run_dir: Path) -> dict[int, tuple]:
+    """Per step, the KEYS of the metrics.jsonl record of the last attempt that ran it (None: absent)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: tuple(r.get(k) for k in KEYS) for r in map(json.loads, lines)}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_dir, base_env, preflight_record) -> tuple[Path, dict]:
     """An uninterrupted run from an empty checkpoint dir, with rank 1 aborting after
@@ -64,11 +77,14 @@ def reference(tmp_path_factory, data_dir, base_env, preflight_record) -> tuple[P
     rc, out = finish(launch(run_dir, data_dir, base_env, extra_env={"LINGBOT_TEST_ABORT_AFTER_DESTROY": "1"}))
     assert rc == 0, out
     assert "fresh start: checkpoint directory" in out and "is empty" in out, out
-    return run_dir, losses_by_step(run_dir)
+    got = records(run_dir)
+    evaluated = [step for step, r in sorted(got.items()) if r[-1] is not None]
+    assert evaluated == list(range(2, STEPS + 1, 2)), got  # held-out losses at every save
+    return run_dir, got
 
 
 def test_uninterrupted_run_survives_teardown_abort_and_rerun_is_a_no_op(reference, data_dir, base_env):
-    run_dir, losses = reference
+    run_dir, by_step = reference
     s = summary(run_dir)
     assert s["status"] == "completed" and s["exit_code"] == 0
     assert s["torchrun_exit_code"] != 0  # rank 1 really aborted in teardown
@@ -77,7 +93,7 @@ def test_uninterrupted_run_survives_teardown_abort_and_rerun_is_a_no_op(referenc
     assert s["last_complete_checkpoint"]["step"] == STEPS
     assert set(s["final_losses"]) == {"loss", "latent_loss", "action_loss"}
     assert s["timing"]["steps"] >= 1 and 0 < s["timing"]["compute_share"] <= 1
-    assert sorted(losses) == list(range(1, STEPS + 1))
+    assert sorted(by_step) == list(range(1, STEPS + 1))
     assert complete_steps(run_dir) == [4, 6]  # keep=2
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -139,7 +155,7 @@ def test_sigterm_during_a_step_then_during_a_checkpoint_write_resumes_bitwise(
     rc, out = finish(launch(run_dir, data_dir, base_env))
     assert rc == 0, out
     assert summary(run_dir)["status"] == "completed"
-    assert losses_by_step(run_dir) == expected
+    assert records(run_dir) == expected  # held-out losses included
 
 
 def test_kill9_of_one_rank_mid_checkpoint_fails_naming_it_and_keeps_the_previous_checkpoint(
@@ -166,4 +182,4 @@ def test_kill9_of_one_rank_mid_checkpoint_fails_naming_it_and_keeps_the_previous
     rc, out = finish(launch(run_dir, data_dir, base_env))
     assert rc == 0, out
     assert "resuming from" in out and "checkpoint_step_2" in out
-    assert losses_by_step(run_dir) == expected
+    assert records(run_dir) == expected  # held-out losses included

@@ -9,12 +9,22 @@ middle drawer through LIBERO's own joint API (trainer/evaluation/sim/goal.py) an
 returns done. The simulator env (.sim/libero) is the repository's: bin/test starts its build in the
 background; where it cannot be built or cannot render, bin/evaluate exits 1 naming why and these tests FAIL
 with that line (never skipped).
+
+The success, crash and determinism tests read one module fixture, `three_evaluates`: three bin/evaluate
+commands where there were four. The crash test's re-run carries the goal hook (not a setting, so the re-run
+is allowed), so its episode 0 succeeds; the goal test reads a fresh one-episode command (--max-steps 17,
+was 40: it stops on done at step 3 either way). Determinism, formerly a second identical command inside
+test_the_goal_state_is_a_success_and_counted, is now
+test_the_same_episode_renders_the_same_key_frames_in_two_commands: "the same command twice" became "the
+same episode (0) in two commands", each in a fresh simulator worker seeded from (seed, suite, task,
+episode) and crc32(suite/task/episode); the key frames are byte-equal.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,11 +51,39 @@ def evaluate(run: Path, out: Path, *args: str, **hooks: str) -> tuple[int, dict,
     return proc.returncode, result, proc.stderr
 
 
-def test_the_goal_state_is_a_success_and_counted(libero_run, tmp_path):
-    out = tmp_path / "libero"
-    args = [*TASK, "--episodes", "1", "--max-steps", "40"]
-    code, result, err = evaluate(libero_run, out, *args, LINGBOT_TEST_SIM_GOAL_AT="2")
-    assert code == 0, err[-3000:]
+@dataclass(frozen=True)
+class Evaluated:
+    """One `bin/evaluate` command's exit status, --json result, stderr and --plots-dir folder."""
+
+    code: int
+    result: dict
+    err: str
+    out: Path
+
+
+@pytest.fixture(scope="module")
+def three_evaluates(libero_run, tmp_path_factory) -> dict[str, Evaluated]:
+    """The three commands the success, crash and determinism tests read (one bin/evaluate each, in order):
+    crashed: folder X, 2 episodes, the worker of episode (0, 0) aborts (LINGBOT_TEST_SIM_CRASH=0:0);
+    rerun:   the same folder and command with the goal hook (not a setting: the re-run is allowed), so it
+             continues with episode 0 only, which reaches the goal;
+    alone:   a fresh folder, 1 episode, the goal hook: episode 0 again, in another command."""
+    root = tmp_path_factory.mktemp("libero-evaluates")
+    args = [*TASK, "--max-steps", "17"]
+    done = {}
+    for name, out, episodes, hooks in (
+        ("crashed", root / "libero", "2", {"LINGBOT_TEST_SIM_CRASH": "0:0"}),
+        ("rerun", root / "libero", "2", {"LINGBOT_TEST_SIM_GOAL_AT": "2"}),
+        ("alone", root / "alone", "1", {"LINGBOT_TEST_SIM_GOAL_AT": "2"}),
+    ):
+        done[name] = Evaluated(*evaluate(libero_run, out, *args, "--episodes", episodes, **hooks), out)
+    return done
+
+
+def test_the_goal_state_is_a_success_and_counted(three_evaluates):
+    alone = three_evaluates["alone"]
+    out, result = alone.out, alone.result
+    assert alone.code == 0, alone.err[-3000:]
     assert (result["suite"], result["episodes"], result["successes"], result["success_rate"]) == (
         "libero_goal", 1, 1, 1.0)  # fmt: skip
     assert result["tasks"] == [{"task": 0, "language": "open the middle drawer of the cabinet", "episodes": 1,
@@ -57,34 +95,38 @@ def test_the_goal_state_is_a_success_and_counted(libero_run, tmp_path):
     assert video.name == "t00_e000_success.mp4" and video.stat().st_size > 0
     assert (out / "success.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text())["successes"] == 1
-    # the same command again (another folder): the same scene renders the same key frames (seeded builds)
-    again = tmp_path / "again"
-    code, _, err = evaluate(libero_run, again, *args, LINGBOT_TEST_SIM_GOAL_AT="2")
-    assert code == 0, err[-3000:]
-    assert (again / record["video"]).read_bytes() == video.read_bytes()
 
 
-def test_a_crash_is_an_error_the_rest_fails_and_a_rerun_continues(libero_run, tmp_path):
-    out = tmp_path / "libero"
-    args = [*TASK, "--episodes", "2", "--max-steps", "17"]
-    code, result, err = evaluate(libero_run, out, *args, LINGBOT_TEST_SIM_CRASH="0:0")
-    assert code == 1, err[-3000:]
+def test_a_crash_is_an_error_the_rest_fails_and_a_rerun_continues(three_evaluates):
+    crashed, rerun = three_evaluates["crashed"], three_evaluates["rerun"]
+    result, err = crashed.result, crashed.err
+    assert crashed.code == 1, err[-3000:]
     assert "1 episode(s) did not run" in err
     assert [(e["task"], e["episode"]) for e in result["errors"]] == [(0, 0)]
     assert "killed by SIGABRT" in result["errors"][0]["error"]
     assert (result["episodes"], result["successes"], result["success_rate"]) == (1, 0, 0.0)
-    record = json.loads((out / "episodes" / "t00_e001.json").read_text())
+    # (read after the re-run, which shares the folder: it kept this record and did not play episode 1 again)
+    record = json.loads((crashed.out / "episodes" / "t00_e001.json").read_text())
     assert not record["success"] and record["steps"] == 12  # the first chunk's 3 x 4 actions, then the limit
 
-    code, result, err = evaluate(libero_run, out, *args)
-    assert code == 0, err[-3000:]
+    # the re-run (the goal hook is no setting, so it is the same command) runs only the crashed episode
+    result, err = rerun.result, rerun.err
+    assert rerun.code == 0, err[-3000:]
     assert "1 done before, 1 to run" in err
     assert (result["episodes"], result["successes"], result["success_rate"], result["errors"]) == (
-        2,
-        0,
-        0.0,
-        [],
-    )
+        2, 1, 0.5, [])  # fmt: skip
+    assert json.loads((rerun.out / "episodes" / "t00_e000.json").read_text())["success"]
+
+
+def test_the_same_episode_renders_the_same_key_frames_in_two_commands(three_evaluates):
+    """Episode 0 of libero_goal task 0 in two commands (the re-run in folder X, the one-episode run in a fresh
+    folder), each in a fresh simulator worker: seeded builds render the same key frames, byte for byte."""
+    rerun, alone = three_evaluates["rerun"], three_evaluates["alone"]
+    assert rerun.code == 0 and alone.code == 0, rerun.err[-2000:] + alone.err[-2000:]
+    video = "videos/t00_e000_success.mp4"
+    record = json.loads((alone.out / "episodes" / "t00_e000.json").read_text())
+    assert record["video"] == video, record
+    assert (rerun.out / video).read_bytes() == (alone.out / video).read_bytes()
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,12 @@
 """tests/support/slurm_watch.py without a cluster: a stand-in answers `scontrol -o show job` from a script
 of states, so what the shared observer promises (fresh records, every state kept, one query for all
-jobs) is checked in milliseconds."""
+jobs, a `latest()` that never waits) is checked in milliseconds."""
 
 from __future__ import annotations
 
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -68,5 +69,24 @@ def test_a_record_comes_from_a_query_started_after_the_call():
         with cluster.lock:  # the job changes right after a read ...
             cluster.answers, cluster.queries = [line("7", "COMPLETED")], 0
         assert watch.job("7")["JobState"] == "COMPLETED"  # ... and the next read sees it, never a stale one
+    finally:
+        watch.stop()
+
+
+def test_latest_never_waits_for_a_query():
+    cluster = FakeCluster([line("9", "RUNNING")])
+    # one query at the start, then none for an hour: job() would wait for one (up to fresh_s), latest() not
+    watch = JobWatch(cluster, interval=3600, fresh_s=0.3)  # type: ignore[arg-type]
+    try:
+        deadline = time.monotonic() + 30
+        while not watch.latest("9") and time.monotonic() < deadline:
+            time.sleep(0.001)  # polling for the first query's end, with a deadline
+        started = time.monotonic()
+        assert watch.latest("9")["JobState"] == "RUNNING" and watch.latest("10") == {}
+        assert time.monotonic() - started < 0.1, "latest() waited for a query"
+        started = time.monotonic()
+        assert watch.job("9")["JobState"] == "RUNNING"  # no newer query came: the last record, after fresh_s
+        assert time.monotonic() - started >= 0.3
+        assert cluster.queries == 1
     finally:
         watch.stop()

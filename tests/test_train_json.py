@@ -1,7 +1,9 @@
 """bin/train --json / --json-file: exactly one JSON object on stdout (all text on stderr, the ranks'
 included), the same exit status as without it, and a JSON error for a bad command line.
 
-Every case runs bin/train itself (the bash entry point, then the launcher, then torchrun and two ranks).
+Every case runs bin/train itself (the bash entry point, then the launcher, then torchrun and its ranks).
+The run's case has one rank: a rank's stdout reaches stderr through torchrun's redirect, the same for
+every rank, so a second rank would add only launch cost.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env, preflight_record
     sets = set_args([*TINY, f"data.path={data}"])
     json_file = tmp_path / "out" / "outcome.json"
     json_file.parent.mkdir()
-    out = bin_train(env, "furniture_train", "2", "--run-dir", str(run_dir), *sets, "--json",
+    out = bin_train(env, "furniture_train", "1", "--run-dir", str(run_dir), *sets, "--json",
                     "--json-file", str(json_file))  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     obj = the_object(out.stdout)
@@ -54,7 +56,7 @@ def test_a_run_prints_only_its_outcome_on_stdout(tmp_path, env, preflight_record
     assert "[train] step 2/2 " in out.stderr  # the ranks' lines went to stderr
 
     # a re-run of the finished run: still one object, the settled summary, exit 0
-    again = bin_train(env, "furniture_train", "2", "--run-dir", str(run_dir), *sets, "--json")
+    again = bin_train(env, "furniture_train", "1", "--run-dir", str(run_dir), *sets, "--json")
     assert again.returncode == 0, again.stderr[-3000:]
     assert the_object(again.stdout)["status"] == "completed"
 

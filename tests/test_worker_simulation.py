@@ -2,6 +2,12 @@
 
 Every probe also runs on the host, where it must find the toolchain: a simulation that hid nothing
 would fail these tests instead of passing them.
+
+Inductor's CPU compile failing inside the simulation as on a worker (`InvalidCxxCompiler: No working C++
+compiler found in torch._inductor.config.cpp.cxx: (None, 'g++')`, from a real torch.compile in the
+simulation) is held by tests/test_envcheck.py::test_worker_without_toolchain_fails_with_the_real_errors
+(its compile.inductor_cpp row quotes that error verbatim); the test that asserted it here alone,
+test_inductor_cpu_compile_fails_like_a_worker, was removed for that.
 """
 
 from __future__ import annotations
@@ -57,18 +63,6 @@ TRITON_BUILD = textwrap.dedent(f"""
     print("built", mod.answer())
 """)
 
-INDUCTOR_CPU = textwrap.dedent("""
-    import torch
-    def f(x):
-        return torch.sin(x).sum() + 1
-    try:
-        torch.compile(f)(torch.randn(64))
-    except Exception as exc:
-        print(f"{type(exc).__name__}: {exc}")
-        raise SystemExit(3)
-    print("compiled")
-""")
-
 
 def _probe(run) -> dict:
     result = run([PYTHON, "-c", PROBE])
@@ -122,15 +116,6 @@ def test_triton_build_fails_like_a_worker(worker, worker_env, tmp_path):
     inside = worker.run([PYTHON, "-c", TRITON_BUILD], env=worker_env, timeout=120)
     assert inside.returncode == 3, inside.stdout + inside.stderr
     assert "RuntimeError: Failed to find C compiler" in inside.stdout
-
-
-@pytest.mark.heavy
-@pytest.mark.slow
-def test_inductor_cpu_compile_fails_like_a_worker(worker, worker_env):
-    inside = worker.run([PYTHON, "-c", INDUCTOR_CPU], env=worker_env, timeout=300)
-    assert inside.returncode == 3, inside.stdout + inside.stderr
-    assert "InvalidCxxCompiler" in inside.stdout
-    assert "No working C++ compiler found" in inside.stdout
 
 
 @pytest.mark.heavy

@@ -8,8 +8,9 @@ FAILed. The checks are one declarative table (table.py) of small functions over 
 With --worker the job's environment is what a non-activated, non-interactive process gets on a
 worker: a scrubbed base (PATH=/usr/bin:/bin, HOME, USER, LANG) plus the env's variables from the one
 file the hooks read (provision/envvars.py). A compile that works only because the login node has a
-system gcc is then a FAIL: the worker has none. Compiles are real, each in a fresh process with empty
-throwaway caches (provision/probes/), so a warm cache cannot hide a missing compiler.
+system gcc is then a FAIL: the worker has none. Compiles are real, each in a fresh process with
+throwaway caches that are empty when the run starts (provision/probes/; on CPU FlexAttention reuses the
+Inductor probe's, checks_compile.py), so a warm cache cannot hide a missing compiler.
 
 Public API (bin/train's preflight uses it): run_checks, Check, Report, PASS/WARN/FAIL/SKIP,
 scrubbed_environment, cache_filesystem_verdict.

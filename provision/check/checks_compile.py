@@ -1,6 +1,12 @@
 """Real compiles, each a probe program in a fresh process with throwaway caches (provision/probes/):
 Triton's C build, TorchInductor's C++ kernel with OpenMP, FlexAttention against SDPA, and
-torch.utils.cpp_extension's JIT (load_inline with torch headers, ninja, the env's CXX)."""
+torch.utils.cpp_extension's JIT (load_inline with torch headers, ninja, the env's CXX).
+
+Every probe's caches are its own, except that TorchInductor's probe and then, on CPU, FlexAttention's share
+the run's compile scratch (Context.compile_scratch: empty when the run starts): on CPU FlexAttention waits
+for compile.inductor_cpp not to FAIL (table.py), so the two never use it at once, and FlexAttention reuses
+the ISA probe and precompiled header Inductor just built with the same compiler; its own kernel still
+compiles. On a GPU FlexAttention compiles through Triton, with caches of its own."""
 
 from __future__ import annotations
 
@@ -80,7 +86,8 @@ def check_triton_build(ctx: Context) -> Outcome:
 
 
 def check_inductor(ctx: Context) -> Outcome:
-    run = ctx.probe("inductor_cpp", {"fast": ctx.fast, "require_under": ctx.require_under()}, timeout=900)
+    args = {"fast": ctx.fast, "require_under": ctx.require_under()}
+    run = ctx.probe("inductor_cpp", args, timeout=900, shared=ctx.compile_scratch())
     r = run.result
     passed = (
         f"Inductor compiled a CPU kernel with {r.get('compiler')} in {r.get('compile_s', 0):.1f} s, OpenMP "
@@ -123,7 +130,7 @@ def check_flex(ctx: Context) -> Outcome:
         return Outcome(SKIP, reason)
     gpu = flex_on_gpu(ctx)
     args = {"gpu": gpu, "require_under": ctx.require_under() if not gpu else None}
-    run = ctx.probe("flex_attention", args, timeout=1200)
+    run = ctx.probe("flex_attention", args, timeout=1200, shared=None if gpu else ctx.compile_scratch())
     r = run.result
     if run.returncode == 0 and r.get("stage") == "done" and not r.get("ok"):
         r["error"] = (

@@ -6,6 +6,11 @@ on first use, by pure functions: the manifest, the lock (read by provision.lockf
 the job's environment (`JobEnv`: what a non-activated job, an activated shell or a worker sees), the
 interpreter facts. No check sets state another check reads; what a check needs from another check's
 result it declares as a prerequisite in the table (provision/check/table.py) and reads via `result()`.
+One exception, on disk only: the run's compile scratch (`compile_scratch`: an empty TORCHINDUCTOR_CACHE_DIR
+and TMPDIR made on first use, removed by `release_compile_scratch` when run_table returns). The Inductor
+probe compiles into it, then CPU FlexAttention, which the table makes wait for that probe not to FAIL,
+reuses its ISA probe and precompiled header; it holds nothing from outside this run, so it cannot stand
+in for a missing compiler either. Every other probe's caches are its own (provision/probes/).
 Every fix names a command a user can run as written (`provision_fix`, `relock_fix`, `package_fix`).
 """
 
@@ -14,7 +19,9 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -137,6 +144,8 @@ class Context:
     running: dict[str, Future[Check]] = field(default_factory=dict)
     _interpreter_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _interpreter_memo: dict[str, probes.ProbeRun | None] = field(default_factory=dict, repr=False)
+    _scratch_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _scratch: dict[str, str] = field(default_factory=dict, repr=False)  # "root" and the shared dirs
 
     @property
     def name(self) -> str:
@@ -251,7 +260,10 @@ class Context:
             return str(own), "the env's python"
         return sys.executable, f"the tool python {sys.executable} (the env has no bin/python)"
 
-    def probe(self, name: str, args: dict[str, Any], timeout: float) -> probes.ProbeRun:
+    def probe(
+        self, name: str, args: dict[str, Any], timeout: float, shared: dict[str, str] | None = None
+    ) -> probes.ProbeRun:
+        """Probe `name` in the job's environment; `shared`: the run's compile scratch (else its own)."""
         python, _ = self.probe_python()
         return probes.run_probe(
             name,
@@ -261,7 +273,25 @@ class Context:
             args=args,
             timeout=timeout,
             progress=self.progress,
+            shared=shared,
         )
+
+    def compile_scratch(self) -> dict[str, str]:
+        """This run's TORCHINDUCTOR_CACHE_DIR and TMPDIR for `probe(shared=...)`: made empty on first use
+        (under a fresh mkdtemp), the same dirs for every later caller until release_compile_scratch."""
+        with self._scratch_lock:
+            if not self._scratch:
+                root = Path(tempfile.mkdtemp(prefix="envcheck-run-"))
+                self._scratch.update(probes.shared_scratch(root), root=str(root))
+            return {k: v for k, v in self._scratch.items() if k != "root"}
+
+    def release_compile_scratch(self) -> None:
+        """Remove the compile scratch (if one was made); a later compile_scratch makes a fresh one."""
+        with self._scratch_lock:
+            root = self._scratch.pop("root", None)
+            self._scratch.clear()
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
 
     def require_under(self) -> str | None:
         """Under --worker, compilers must resolve into the env."""

@@ -11,7 +11,8 @@ The slow rows (`slow`: real compiles, each a probe in its own process) run at on
 that first waits for its own prerequisites (Context.result waits for a running check): the whole
 --worker proof takes about as long as its longest chain (Inductor's kernel, then FlexAttention), not the
 sum of every compile. The other rows run in order on the calling thread; the report lists every row in
-the table's order whatever the order they finished in.
+the table's order whatever the order they finished in. When run_table returns, the run's compile scratch
+(Context.compile_scratch: Inductor's, then CPU FlexAttention's) is removed.
 """
 
 from __future__ import annotations
@@ -143,17 +144,20 @@ def run_table(ctx: Context, table: tuple[CheckSpec, ...] = TABLE) -> list[Check]
     rows = [spec for spec in table if spec.only is None or spec.only(ctx)]
     slow = [spec for spec in rows if spec.slow]
     done: dict[str, Check] = {}
-    with ThreadPoolExecutor(max_workers=max(1, len(slow)), thread_name_prefix="envcheck") as pool:
-        for spec in rows:
-            if spec.slow:  # every one gets a thread of its own: one waiting for another never starves it
-                ctx.running[spec.name] = pool.submit(run_one, spec, ctx)
-                continue
-            check = done[spec.name] = run_one(spec, ctx)
-            ctx.results[spec.name] = check
-            if spec.stop_on_fail and check.status == FAIL:
-                break
-        for name, future in list(ctx.running.items()):
-            done[name] = future.result()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(slow)), thread_name_prefix="envcheck") as pool:
+            for spec in rows:
+                if spec.slow:  # every one gets a thread of its own: one waiting for another never starves it
+                    ctx.running[spec.name] = pool.submit(run_one, spec, ctx)
+                    continue
+                check = done[spec.name] = run_one(spec, ctx)
+                ctx.results[spec.name] = check
+                if spec.stop_on_fail and check.status == FAIL:
+                    break
+            for name, future in list(ctx.running.items()):
+                done[name] = future.result()
+    finally:
+        ctx.release_compile_scratch()  # the pool has joined: no probe uses it any more
     ctx.running.clear()
     ctx.results.clear()
     ctx.results.update((spec.name, done[spec.name]) for spec in rows if spec.name in done)

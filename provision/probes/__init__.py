@@ -3,9 +3,14 @@
 A probe is a Python program in provision/probes/scripts/ (real files, linted like the rest), run by
 the env's python (or the tool python when the env has none) in the job's environment, with
 scripts/common.py beside it as `envcheck_probe_common`. It prints one line ``ENVCHECK_RESULT=<json>``. The
-caches it could read are all private and empty: TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and TMPDIR
-(Inductor keeps precompiled headers under ``$TMPDIR/torchinductor_$USER`` whatever
-TORCHINDUCTOR_CACHE_DIR says), so a warm cache can never stand in for a missing compiler.
+caches it could read are all throwaway and empty when it starts: TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR
+and TMPDIR (Inductor keeps precompiled headers under ``$TMPDIR/torchinductor_$USER`` whatever
+TORCHINDUCTOR_CACHE_DIR says), so a warm cache can never stand in for a missing compiler. By default
+all three are the probe's own (`throwaway_caches`), removed when it ends. A caller may instead pass
+`shared` (`shared_scratch`): TORCHINDUCTOR_CACHE_DIR and TMPDIR made empty by that caller for one
+envcheck run, used by its probes one after another (envcheck: the Inductor probe, then CPU
+FlexAttention, which reuses the ISA probe and precompiled header the first one built), removed by that
+caller; TRITON_CACHE_DIR is always the probe's own.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ RESULT_MARKER = "ENVCHECK_RESULT="
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 COMMON_MODULE = "envcheck_probe_common"  # scripts/common.py, copied beside every probe as this name
 NAMES = ("triton_build", "inductor_cpp", "flex_attention", "cpp_extension", "interpreter")
+SHAREABLE = ("TORCHINDUCTOR_CACHE_DIR", "TMPDIR")  # what `shared` may replace; never TRITON_CACHE_DIR
 
 
 def script(name: str) -> str:
@@ -73,6 +79,15 @@ def throwaway_caches(scratch: Path) -> dict[str, str]:
     return {name: str(path) for name, path in caches.items()}
 
 
+def shared_scratch(root: Path) -> dict[str, str]:
+    """Fresh, empty TORCHINDUCTOR_CACHE_DIR and TMPDIR under `root` (an empty directory its caller made
+    and removes), for `run_probe(shared=...)`: probes run one after another reuse what the first built."""
+    dirs = {"TORCHINDUCTOR_CACHE_DIR": root / "inductor", "TMPDIR": root / "tmp"}
+    for path in dirs.values():
+        path.mkdir(parents=True)
+    return {name: str(path) for name, path in dirs.items()}
+
+
 def run_probe(
     name: str,
     script: str,
@@ -83,13 +98,19 @@ def run_probe(
     timeout: float = 300,
     progress: Callable[[str], None] | None = None,
     heartbeat_s: float = 10.0,
+    shared: Mapping[str, str] | None = None,
 ) -> ProbeRun:
     """Run `script` with `python` in `env` plus throwaway caches; the scratch dir is removed after.
 
+    `shared` (from `shared_scratch`; keys from SHAREABLE only) replaces the probe's own
+    TORCHINDUCTOR_CACHE_DIR and TMPDIR; those dirs outlive the probe (their caller removes them).
     `progress` gets a line every `heartbeat_s` while the probe runs (the slow compiles)."""
+    unknown = sorted(set(shared or {}) - set(SHAREABLE))
+    if unknown:
+        raise ValueError(f"run_probe: {', '.join(unknown)} cannot be shared (only {', '.join(SHAREABLE)})")
     scratch = Path(tempfile.mkdtemp(prefix=f"envcheck-{name}-"))
     try:
-        caches = throwaway_caches(scratch)
+        caches = {**throwaway_caches(scratch), **(shared or {})}
         script_path = scratch / f"envcheck_probe_{name}.py"  # never shadows a module
         script_path.write_text(script)
         shutil.copyfile(SCRIPTS / "common.py", scratch / f"{COMMON_MODULE}.py")

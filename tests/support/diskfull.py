@@ -1,9 +1,10 @@
-"""Helpers for the full-disk and quota tests: a tiny 2-rank CPU launch, its outputs, the one-line check.
+"""Helpers for the full-disk and quota tests: a tiny CPU launch (2 ranks unless told), its outputs, the
+one-line check.
 
-`launch` runs `python -m trainer.launcher` (what bin/train execs) with the TINY overrides; `assert_said_once`
-checks the launcher's one out-of-space line (filesystem, path, free, needed, the fix) and that no traceback
-reached the terminal. `Tmpfs` mounts a size-limited tmpfs (skips without root). The rest of a run's helpers
-(clean_env, finish, summary, wait_for) are tests/support/runs.py's.
+`launch` runs `python -m trainer.launcher` (what bin/train execs) with the TINY overrides (or others);
+`assert_said_once` checks the launcher's one out-of-space line (filesystem, path, free, needed, the fix)
+and that no traceback reached the terminal. `Tmpfs` mounts a size-limited tmpfs (skips without root). The
+rest of a run's helpers (clean_env, finish, summary, wait_for) are tests/support/runs.py's.
 """
 
 from __future__ import annotations
@@ -63,10 +64,26 @@ class Tmpfs:
 
 
 def launch(
-    run_dir: Path, data_dir: Path, env: dict[str, str], *sets: str, extra_env=None
+    run_dir: Path,
+    data_dir: Path,
+    env: dict[str, str],
+    *sets: str,
+    extra_env=None,
+    overrides: list[str] | None = None,
+    nproc: int = 2,
 ) -> subprocess.Popen:
-    """The tiny 2-rank launch, stdout and stderr apart (the one-line checks read stderr)."""
-    return runs.launch(run_dir, data_dir, env, *sets, overrides=TINY, extra_env=extra_env, split_stderr=True)
+    """The tiny launch (TINY unless `overrides`, 2 ranks unless `nproc`), stdout and stderr apart (the
+    one-line checks read stderr)."""
+    return runs.launch(
+        run_dir,
+        data_dir,
+        env,
+        *sets,
+        overrides=TINY if overrides is None else overrides,
+        nproc=nproc,
+        extra_env=extra_env,
+        split_stderr=True,
+    )
 
 
 def launcher_lines(err: str, text: str) -> list[str]:

@@ -43,7 +43,7 @@ from provision.atomic import write_atomic
 FIRST = (
     "tests/test_envcheck.py",  # the worker simulation's full --worker compiles
     "tests/test_hang.py",  # runs to a hang (8 s limits since the phase-aware limit) and a Slurm requeue
-    "tests/test_slurm.py",  # 17 scenarios at once on one cluster
+    "tests/test_slurm.py",  # 14 scenarios at once on one cluster
     "tests/test_validate.py",
     "tests/test_provision.py",
     "tests/test_diskspace.py",

@@ -38,7 +38,7 @@ cgroups are not usable in this sandbox), with these test choices:
   window each waited 28-42 s for it on the main node (measured in slurmctld.log);
 - SchedulerParameters=bf_interval=1,sched_interval=5 (Slurm's defaults: 30 s and 60 s): a requeued job
   is pending until its hold ends, and nothing but the next scheduling pass starts it then; with the
-  defaults that pass came 0-30 s later, a wait per requeued scenario; one backfill pass a second over 16
+  defaults that pass came 0-30 s later, a wait per requeued scenario; one backfill pass a second over 14
   jobs costs nothing;
 - `first_job_id` (FirstJobId): bin/train derives torchrun's port from the job id (20000 + id % 20000),
   so two clusters that run at once (xdist workers) take job id ranges that do not meet; the ctld and

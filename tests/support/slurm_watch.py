@@ -1,21 +1,26 @@
 """One observer of a test cluster's jobs for many scenario threads: one `scontrol -o show job` per interval.
 
-    watch = JobWatch(cluster, interval=0.2)    # starts polling at once (a daemon thread)
-    record = watch.job(job_id)                 # the newest record of that job ({} until first seen)
+    watch = JobWatch(cluster, interval=0.5)    # starts polling at once (a daemon thread)
+    record = watch.job(job_id)                 # its newest record, from a query newer than the call
+    record = watch.latest(job_id)              # its newest record there is, without waiting
     watch.states(job_id)                       # every JobState seen for it so far
     watch.stop()
 
-Why: tests/test_slurm.py drives 16 jobs at once, each with its own thread; when every thread ran its
+Why: tests/test_slurm.py drives 14 jobs at once, each with its own thread; when every thread ran its
 own `scontrol show job <id>` every 0.2-0.5 s, the cluster answered tens of queries a second (a process
-start, a munge credential and a slurmctld RPC each) on a 2-core host. One query for all jobs at the same
-interval gives every job the same or a denser sampling of its states, for a sixteenth of the queries.
+start, a munge credential and a slurmctld RPC each) on a 2-core host. One query for all jobs gives every
+job the same sampling of its states for a fourteenth of the queries. Each query is a fork/exec of
+scontrol (~8 ms of CPU, estimated; at 0.2 s about half the pytest worker's CPU in test_slurm):
+test_slurm asks every 0.5 s and paces its waits for files (a pause point reached, a stop file, a log
+line) with a local sleep and `latest()`, so only a wait for a Slurm state waits for a query.
 
 Contract: the record of a job is the one line of the last successful query that names it (a failed or
 timed-out query keeps the previous records and the next interval asks again; a driver that stops seeing
 progress still fails on its own deadline);
 `states` accumulates every JobState of every successful query, so a state that lasts one interval is
 seen. `job()` waits for one query newer than the call (at most `fresh_s`), so a record read right after
-acting on the job (a signal, a release) is never older than the action.
+acting on the job (a signal, a release) is never older than the action; `latest()` never waits (its record
+may be up to one interval plus a query old: enough to see that a job ended while waiting for a file).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from tests.support.slurm import SlurmCluster, parse_record
 
 
 class JobWatch:
-    def __init__(self, cluster: SlurmCluster, interval: float = 0.2, fresh_s: float = 30) -> None:
+    def __init__(self, cluster: SlurmCluster, interval: float = 0.5, fresh_s: float = 30) -> None:
         self.cluster = cluster
         self.interval = interval
         self.fresh_s = fresh_s
@@ -69,6 +74,11 @@ class JobWatch:
         with self._cond:
             wanted = self._started + 1  # the next query to start: it starts after this call
             self._cond.wait_for(lambda: self._generation >= wanted, timeout=self.fresh_s)
+            return dict(self._records.get(job_id, {}))
+
+    def latest(self, job_id: str) -> dict[str, str]:
+        """The newest record of `job_id` there is ({} until first seen), without waiting for a query."""
+        with self._cond:
             return dict(self._records.get(job_id, {}))
 
     def states(self, job_id: str) -> set[str]:
