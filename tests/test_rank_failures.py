@@ -5,7 +5,7 @@ files, and the line says the next run fails the same way until the input is fixe
 Runs bin/train itself (the bash entry point, the launcher, torchrun, two gloo ranks) on a tiny model. The
 run dir is seeded with the session's recorded compile-check pass (tests/support/runs.py: seed_preflight),
 so the preflight skips its compiles: the claim is about the ranks. The compile checks themselves run in
-conftest's `preflight_record` (a real `--preflight-only`) and tests/test_slurm.py's `complete` scenario.
+conftest's `preflight_record` (a real `--preflight-only`) and tests/test_slurm.py's `requeue` scenario.
 """
 
 from __future__ import annotations
