@@ -115,6 +115,8 @@ def reports(aarch64_env, tmp_path_factory) -> dict[str, tuple[subprocess.Complet
 
     def finish(name: str, proc: subprocess.Popen) -> None:
         stdout, stderr = proc.communicate(timeout=3600)
+        if not (tmp / f"{name}.json").is_file():  # e.g. a piece to hide was not there: the overlay refused
+            pytest.fail(f"envcheck ({name}) wrote no report, exit {proc.returncode}: {stderr[-3000:]}")
         report = json.loads((tmp / f"{name}.json").read_text())
         done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         out[name] = done, {c["name"]: c for c in report["checks"]}
