@@ -248,8 +248,11 @@ class StallDetector:
         median = clock.median()
         ranks = list(range(self.world_size))
         since = f"step {clock.last_step}" if clock.last_step is not None else "their start (no step yet)"
+        # one rounded figure for the line and the summary: formatting the unrounded value here and rounding
+        # it again for the summary could print 8.5 s beside a recorded 8.449
+        stalled_s = round(clock.stalled_for(now), 3)
         line = (
-            f"no step for {duration(clock.stalled_for(now))}"
+            f"no step for {duration(stalled_s)}"
             + (
                 f" (median step {duration(median)})"
                 if median is not None
@@ -271,7 +274,7 @@ class StallDetector:
             line=line,
             last_step=clock.last_step,
             silent_ranks=ranks,
-            stalled_s=round(clock.stalled_for(now), 3),
+            stalled_s=stalled_s,
             limit_s=round(clock.limit(), 3),
             median_step_s=round(median, 4) if median is not None else None,
             stack_files=files,
