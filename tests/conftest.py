@@ -31,6 +31,7 @@ dir, with every kernel the compile tests made, as its persistent cache, copying 
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -142,6 +143,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The lane check (tests/support/lanes.py), then the parallel plan (tests/support/schedule.py)."""
     _lanes(config, items)
     _schedule(config, items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch and the test modules' imports, hundreds of thousands of objects that
+    live as long as the worker) is frozen out of the cyclic collector's reach, as the ranks do
+    (trainer/loop/train.py): a full collection during an in-process test walks only what tests allocate."""
+    gc.freeze()
 
 
 @pytest.fixture
