@@ -391,7 +391,9 @@ def test_under_slurm_a_hang_requeues_once_and_the_same_hang_again_fails_for_good
     log = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("slurm-*.out")))
     out = log[-6000:]
     assert [record[k] for k in ("JobState", "ExitCode", "Restarts")] == ["FAILED", "1:0", "1"], (record, out)
-    assert log.count("ranks 0 silent since step 3") >= 2 and f"requeued Slurm job {job}" in log, out
+    # the requeue is said however scontrol ends (it may end with the job's processes: supervise.requeue)
+    asked = f"requeued Slurm job {job}" in log or f"requeue of Slurm job {job} asked" in log
+    assert log.count("ranks 0 silent since step 3") >= 2 and asked, out
     assert log.count(": not rerun") == 2 and "Traceback" not in log, out  # the seed, in both attempts
     result = json.loads((run_dir / "summary.json").read_text())
     assert result["status"] == "failed" and result["resumed_from"] == 2, result

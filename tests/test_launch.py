@@ -386,6 +386,14 @@ def test_requeue_asks_scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert requeue({"SLURM_JOB_ID": "77"}) == "requeued Slurm job 77"
     assert log.read_text() == "requeue 77\n"
+    # Slurm takes a requeued job's processes down, scontrol among them when it is slow to answer (seen under
+    # load: the job came back, the launcher had said "not requeued ... said: "): never "not requeued"
+    scontrol.write_text("#!/bin/sh\nkill -TERM $$\n")
+    said = requeue({"SLURM_JOB_ID": "78"})
+    assert said.startswith("requeue of Slurm job 78 asked: scontrol was ended by SIGTERM"), said
+    scontrol.write_text("#!/bin/sh\necho 'Invalid job id specified' >&2\nexit 1\n")
+    said = requeue({"SLURM_JOB_ID": "79"})
+    assert said == "not requeued: scontrol requeue 79 said: Invalid job id specified", said
 
 
 def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):

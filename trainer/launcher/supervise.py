@@ -312,6 +312,12 @@ def requeue(environ: dict[str, str]) -> str:
     out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     if out.returncode == 0:
         return f"requeued Slurm job {job}"
+    if out.returncode < 0:  # a requeue ends the job's processes, scontrol among them: it may not answer
+        return (
+            f"requeue of Slurm job {job} asked: scontrol was ended by {signal.Signals(-out.returncode).name} "
+            "before it answered, as Slurm ends a job's processes when it requeues it (the job's Restarts "
+            "count says whether it did)"
+        )
     return f"not requeued: scontrol requeue {job} said: {(out.stderr or out.stdout).strip()}"
 
 

@@ -1,6 +1,7 @@
-"""The rank's process around the loop: torch.distributed set-up, stop signals, test pause points, and
-the collective safe point for failed writes (agree_on_failure) and their quiet record; the record of any
-other failure (record_failure: the traceback goes to the attempt's rank_<R>.log, never the terminal).
+"""The rank's process around the loop: its command line, torch.distributed set-up, stop signals, test
+pause points, and the collective safe point for failed writes (agree_on_failure) and their quiet record;
+the record of any other failure (record_failure: the traceback goes to the attempt's rank_<R>.log, never
+the terminal).
 
 StopRequest: SIGTERM/SIGUSR1 (or the attempt's stop request) only set a flag, acted on at a safe point.
 pause_point: the test hook (trainer/testhooks.py) that parks a rank until released.
@@ -8,12 +9,14 @@ pause_point: the test hook (trainer/testhooks.py) that parks a rank until releas
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 from types import FrameType
 
 import torch
@@ -26,6 +29,18 @@ from trainer.checkpoint.diskspace import OutOfSpace
 from trainer.config import RunConfig
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def parse_args(argv: list[str] | None) -> tuple[Path, Path]:
+    """The rank's command line: (run dir, attempt dir: --attempt-dir, else $LINGBOT_ATTEMPT_DIR)."""
+    parser = argparse.ArgumentParser(description="one rank of a training run (started by torchrun)")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--attempt-dir", type=Path, help="default: $LINGBOT_ATTEMPT_DIR (its config.json)")
+    args = parser.parse_args(argv)
+    attempt_dir = args.attempt_dir or os.environ.get("LINGBOT_ATTEMPT_DIR")
+    if not attempt_dir:
+        sys.exit("trainer.loop.train needs --attempt-dir (bin/train writes its config.json there)")
+    return args.run_dir.absolute(), Path(attempt_dir)
 
 
 class StopRequest:

@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import gc
 
-# The collector is off while the rank imports (torch, its distributed and DCP stacks, FSDP2's torch._dynamo:
-# ~490k tracked objects that live as long as the process), and main() freezes them out of its reach before
-# it turns it back on: every later full collection walks only what the run itself allocates. A 2-rank tiny
-# CPU launch, launcher to exit: 9.6 -> 7.5 CPU-s, the same losses (bench/results/2026-12-06-rank_gc.md).
+# The collector is off during the rank's imports (~490k tracked objects that live as long as the process);
+# main() freezes them out of its reach, then turns it on: a 2-rank tiny CPU launch 9.6 -> 7.5 CPU-s, the
+# same losses (bench/results/2026-12-06-rank_gc.md).
 gc.disable()
 
-import argparse
 import dataclasses
 import functools
 import math
@@ -82,6 +80,7 @@ from trainer.loop.rank import (
     agree_on_failure,
     init_distributed,
     leave_last_on_node_0,
+    parse_args,
     pause_point,
     raise_if_any,
     record_failure,
@@ -94,13 +93,6 @@ from trainer.model.parallel import build_model, clip_grad_norm, prepare_micro_st
 from trainer.outcomes import Diverged
 
 __all__ = ["LoopState", "Rig", "StepOutput", "build", "loop", "main", "train", "train_step"]
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="one rank of a training run (started by torchrun)")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--attempt-dir", type=Path, help="default: $LINGBOT_ATTEMPT_DIR (its config.json)")
-    return parser.parse_args(argv)
 
 
 def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
@@ -375,12 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     gc.freeze()  # what the imports created stays; the collector walks only what comes after
     gc.enable()
-    args = parse_args(argv)
-    run_dir = args.run_dir.absolute()
-    attempt_dir = args.attempt_dir or os.environ.get("LINGBOT_ATTEMPT_DIR")
-    if not attempt_dir:
-        sys.exit("trainer.loop.train needs --attempt-dir (bin/train writes its config.json there)")
-    attempt = Attempt(Path(attempt_dir))
+    run_dir, attempt_dir = parse_args(argv)
+    attempt = Attempt(attempt_dir)
     cfg = attempt.read_config()
     stop = StopRequest(attempt)
 
