@@ -10,7 +10,7 @@ import shutil
 import sys
 import time
 
-from envcheck_probe_common import emit, failed, located, outside
+from envcheck_probe_common import collector_off, emit, failed, located, outside
 
 CPP = """
 #include <torch/extension.h>
@@ -33,8 +33,9 @@ def main(args: dict) -> None:
     if prefix and real_cxx is not None and real_ninja is not None and outside(real_ninja, prefix):
         return emit(ok=False, stage="locate_ninja", **where)
     try:
-        import torch
-        from torch.utils import cpp_extension
+        with collector_off():
+            import torch
+            from torch.utils import cpp_extension
     except Exception as exc:
         return failed("import", exc, **where)
     build_dir = os.path.join(os.environ.get("TMPDIR") or "/tmp", "envcheck-cpp-extension")

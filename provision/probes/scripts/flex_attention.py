@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from envcheck_probe_common import emit, failed, located, outside
+from envcheck_probe_common import collector_off, emit, failed, located, outside
 
 BLOCKS, PER_BLOCK, WINDOW = 4, 64, 2  # tokens: [noisy chunks | clean chunks], PER_BLOCK per chunk
 
@@ -32,10 +32,11 @@ def _compiler(gpu: bool) -> tuple[str | None, str | None]:
 
 def main(args: dict) -> None:
     try:
-        import torch
-        import torch._inductor.config as inductor_config
-        import torch.nn.functional as F
-        from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
+        with collector_off():
+            import torch
+            import torch._inductor.config as inductor_config
+            import torch.nn.functional as F
+            from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
     except Exception as exc:
         return failed("import", exc)
     inductor_config.compile_threads = 1

@@ -9,15 +9,16 @@ import os
 import sys
 import time
 
-from envcheck_probe_common import emit, failed, located, outside
+from envcheck_probe_common import collector_off, emit, failed, located, outside
 
 
 def main(args: dict) -> None:
     try:
-        import torch
-        import torch._inductor.config as inductor_config
-        from torch._inductor import cpp_builder
-        from torch._inductor.utils import run_and_get_cpp_code
+        with collector_off():
+            import torch
+            import torch._inductor.config as inductor_config
+            from torch._inductor import cpp_builder
+            from torch._inductor.utils import run_and_get_cpp_code
     except Exception as exc:
         return failed("import", exc)
     inductor_config.compile_threads = 1  # no compile-worker pool to start: this is a probe, not a job

@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-from envcheck_probe_common import emit, error_text
+from envcheck_probe_common import collector_off, emit, error_text
 
 
 def main() -> None:
@@ -18,7 +18,8 @@ def main() -> None:
     }
     for name in ("torch", "triton"):
         try:
-            result[name] = importlib.import_module(name).__version__
+            with collector_off():
+                result[name] = importlib.import_module(name).__version__
         except Exception as exc:
             result[name] = None
             result[name + "_error"] = error_text(exc)
