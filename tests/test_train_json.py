@@ -93,10 +93,14 @@ def test_preflight_failure_is_the_summary_with_exit_3(tmp_path, env):
 
 @pytest.mark.heavy
 def test_sbatch_to_stdout_travels_inside_the_object(tmp_path, env):
-    out = bin_train(env, "furniture_train", "2", "--sbatch", "--cpu-scale", "--json")
+    # a run dir of its own: a job script makes its run dir (Slurm opens the job's output there), and the
+    # default one is in the checkout (runs/furniture_train), where a test leaves nothing
+    run_dir = ["--run-dir", str(tmp_path / "run")]
+    out = bin_train(env, "furniture_train", "2", *run_dir, "--sbatch", "--cpu-scale", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     obj = the_object(out.stdout)
     assert obj["ok"] is True and obj["script"].startswith("#!") and "#SBATCH" in obj["script"]
+    assert (tmp_path / "run").is_dir()
     path = tmp_path / "job.sbatch"
-    written = bin_train(env, "furniture_train", "2", "--sbatch", str(path), "--cpu-scale", "--json")
+    written = bin_train(env, "furniture_train", "2", *run_dir, "--sbatch", str(path), "--cpu-scale", "--json")
     assert written.returncode == 0 and the_object(written.stdout)["sbatch"] == str(path) and path.is_file()
