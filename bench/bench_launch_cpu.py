@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from bench.common import machine
+    from bench.common import machine, publish
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-launch-"))
     commands = {
@@ -100,12 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         f"launcher to torchrun / torch import: {ratio(PREFLIGHT, 'C import torch')}; "
         "the launcher import leaves torch unimported (A exits 0 only then)",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        from provision.atomic import write_atomic
-
-        write_atomic(args.out, text.encode())
+    publish(lines, args.out)
     return 0
 
 

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from bench.common import machine
+    from bench.common import machine, publish
     from trainer.launcher.preflight import record_path
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-rank-gc-"))
@@ -142,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         f"frozen / as started: {med['frozen'] / med['as started']:.2f}; "
         f"the last step's losses in every launch: {losses.pop()}",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        from provision.atomic import write_atomic
-
-        write_atomic(args.out, text.encode())
+    publish(lines, args.out)
     return 0
 
 

@@ -89,6 +89,16 @@ def machine() -> dict[str, str]:
     }
 
 
+def publish(lines: list[str], out: Path | None) -> None:
+    """A report's lines: printed, and written atomically to `out` when given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        from provision.atomic import write_atomic
+
+        write_atomic(out, text.encode())
+
+
 def torchrun(script: Path, nproc: int, args: list[str], out_dir: Path, timeout: float) -> list[dict]:
     """Run `script` under torchrun with `nproc` ranks; each rank writes out_dir/rank<r>.json."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(REPO)}

@@ -402,6 +402,8 @@ def test_sbatch_script_is_ready_to_submit(tmp_path, capsys):
         "4",
         "--env",
         "lingbot-b200",
+        "--run-dir",  # a job script makes its run dir: not the checkout's default runs/furniture_train
+        str(tmp_path / "run"),
         "--nnodes",
         "2",
         "--time",
