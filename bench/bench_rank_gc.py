@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 RANK_ENTRY = Path("trainer/loop/train.py")
 NO_OPS = {  # the collector lines of the rank entry, and what the "as started" tree runs instead
-    "gc.disable()\n": "pass\n",
+    "    gc.disable()\n": "    pass\n",
     "    gc.freeze()": "    pass",
     "    gc.enable()\n": "    pass\n",
 }

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import gc
 
-# The collector is off during the rank's imports (~490k tracked objects that live as long as the process);
-# main() freezes them out of its reach, then turns it on: a 2-rank tiny CPU launch 9.6 -> 7.5 CPU-s, the
-# same losses (bench/results/2026-12-06-rank_gc.md).
-gc.disable()
+# The rank's own process (not bench/ or tests importing this) has the collector off during its imports;
+# main() freezes those ~490k objects, then turns it on: a 2-rank tiny launch 9.6 -> 7.5 CPU-s, the same
+# losses (bench/results/2026-12-06-rank_gc.md).
+if __name__ == "__main__":
+    gc.disable()
 
 import dataclasses
 import functools
