@@ -146,7 +146,9 @@ def _inside(path: str, prefix: Path) -> bool:
 def test_aarch64_worker_passes_the_compile_rows_with_the_envs_own_toolchain(aarch64_env, reports):
     prefix = aarch64_env.prefix
     proc, checks = reports["full"]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    failed = "\n".join(f"{c['name']} {c['status']}: {c['message']}\n  fix: {c.get('fix')}" for c in
+                       checks.values() if c["status"] == "FAIL")  # fmt: skip
+    assert proc.returncode == 0, failed + "\n" + proc.stdout[-3000:] + proc.stderr[-1500:]
     for name in (*COMPILE_ROWS, "variables.CC", "variables.CXX", "toolchain.sysroot", "toolchain.openssl"):
         assert checks[name]["status"] == "PASS", checks[name]
     for name in COMPILE_ROWS:

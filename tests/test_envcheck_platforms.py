@@ -69,17 +69,22 @@ def test_simulated_aarch64_worker_refuses_an_env_that_is_not_aarch64(tmp_path):
 
 @pytest.mark.fast
 @pytest.mark.parametrize(
-    "interpreter, skipped",
+    "interpreter, cpu_only, skipped",
     [
-        ({"machine": "aarch64", "cuda_available": False}, True),  # Grace CPU: torch's CPU lowering needs AVX2
-        ({"machine": "aarch64", "cuda_available": True}, False),  # Grace with its GPU: through Triton
-        ({"machine": "x86_64", "cuda_available": False}, False),
-        (None, False),  # no facts: the probe runs and says what it finds
+        ({"machine": "aarch64", "cuda_available": False}, True, True),  # Grace CPU: the lowering needs AVX2
+        ({"machine": "aarch64", "cuda_available": True}, False, False),  # Grace with its GPU: through Triton
+        ({"machine": "x86_64", "cuda_available": False}, True, False),
+        # the env's python told nothing (e.g. it timed out): an aarch64 env runs only on aarch64
+        (None, True, True),
+        (None, False, False),  # ... but a GPU node's python may reach Triton: the probe runs and says
     ],
 )
-def test_flex_attention_on_a_non_x86_cpu_is_skipped_with_the_reason(tmp_path, interpreter, skipped):
+def test_flex_attention_on_a_non_x86_cpu_is_skipped_with_the_reason(
+    tmp_path, monkeypatch, interpreter, cpu_only, skipped
+):
     from provision.check.checks_compile import check_flex, flex_cpu_unsupported
 
+    monkeypatch.setattr(nodeinfo, "cpu_only_node", lambda: cpu_only)
     ctx = Context(prefix=_prefix(tmp_path, "linux-aarch64"), worker=True, fast=False, caller_env={})
     ctx.__dict__["interpreter"] = interpreter  # the interpreter probe's facts (a cached_property)
     reason = flex_cpu_unsupported(ctx)
@@ -87,6 +92,49 @@ def test_flex_attention_on_a_non_x86_cpu_is_skipped_with_the_reason(tmp_path, in
     if skipped:
         outcome = check_flex(ctx)
         assert outcome.status == "SKIP" and "AVX2" in outcome.message and "aarch64" in outcome.message
+        known = "the env is for linux-aarch64" if interpreter is None else "the env's python runs"
+        assert known in outcome.message
+
+
+@pytest.mark.fast
+def test_probe_limits_scale_in_the_emulated_worker_and_a_slow_interpreter_says_so(tmp_path, monkeypatch):
+    """Under qemu-user (QEMU_CPU, set by --simulate-worker --platform linux-aarch64) every probe gets
+    EMULATED_TIMEOUT_SCALE times its limit; an env python that outlives its limit is a FAIL that says it
+    timed out (not "failed to start") and names its limit."""
+    from provision import probes
+    from provision.check import context
+    from provision.check.checks_env import check_versions
+
+    prefix = _prefix(tmp_path, "linux-aarch64")
+    (prefix / "bin").mkdir()
+    hang = tmp_path / "hang"
+    os.mkfifo(hang)  # opened for reading, never written: the python blocks until its limit kills it
+    (prefix / "bin" / "python").write_text(f"#!/bin/sh\nexec cat {hang}\n")
+    (prefix / "bin" / "python").chmod(0o755)
+    asked: list[float] = []
+    real = probes.run_probe
+
+    def spy(*args, timeout, **kwargs):
+        asked.append(timeout)
+        return real(*args, timeout=0.5, **kwargs)
+
+    monkeypatch.setattr(probes, "run_probe", spy)
+    monkeypatch.setattr(context, "INTERPRETER_TIMEOUT_S", 2)
+    native = Context(prefix=prefix, worker=True, fast=False, caller_env={"PATH": "/usr/bin:/bin"})
+    emulated = Context(prefix=prefix, worker=True, fast=False, caller_env={"QEMU_CPU": "neoverse-v2"})
+    assert (native.timeout_scale, emulated.timeout_scale) == (1, context.EMULATED_TIMEOUT_SCALE)
+    native.__dict__["locked_versions"] = emulated.__dict__["locked_versions"] = lambda: {
+        ("pip", "torch"): "2.13.0"
+    }
+    for ctx in (native, emulated):
+        outcome = check_versions(ctx)
+        assert outcome.status == FAIL and "did not finish importing torch" in outcome.message, outcome
+        assert "failed to start" not in outcome.message
+    assert "under emulation" in check_versions(emulated).message
+    assert asked == [2, 2 * context.EMULATED_TIMEOUT_SCALE]
+    native.probe("interpreter", {}, timeout=7)
+    emulated.probe("interpreter", {}, timeout=7)
+    assert asked[-2:] == [7, 7 * context.EMULATED_TIMEOUT_SCALE]
 
 
 @pytest.mark.fast

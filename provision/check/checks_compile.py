@@ -10,7 +10,7 @@ compiles. On a GPU FlexAttention compiles through Triton, with caches of its own
 
 from __future__ import annotations
 
-from provision import probes
+from provision import nodeinfo, probes
 from provision.check.context import Context, Outcome, inside, short_error
 from provision.check.report import FAIL, PASS, SKIP, WARN
 
@@ -111,16 +111,29 @@ def flex_needs(ctx: Context) -> tuple[str, ...]:
     return ("compile.triton_build",) if flex_on_gpu(ctx) else ("compile.inductor_cpp",)
 
 
+PLATFORM_MACHINE = {"linux-64": "x86_64", "linux-aarch64": "aarch64"}  # conda's platform -> uname -m
+
+
 def flex_cpu_unsupported(ctx: Context) -> str:
     """Why FlexAttention cannot compile on this node's CPU ("" if it can): torch's CPU lowering needs AVX2
-    (torch/_inductor/kernel/flex/flex_cpu.py check_cpu_supported), i.e. an x86 CPU."""
-    machine = (ctx.interpreter or {}).get("machine")
-    if flex_on_gpu(ctx) or machine in (None, "x86_64", "AMD64"):
+    (torch/_inductor/kernel/flex/flex_cpu.py check_cpu_supported), i.e. an x86 CPU. The machine is the env's
+    python's (the interpreter probe); when that told nothing, the env's platform (its python runs only on
+    that machine) on a node without a GPU."""
+    if flex_on_gpu(ctx):
+        return ""
+    info = ctx.interpreter
+    if info is not None:
+        machine, known = info.get("machine"), "the env's python runs"
+    elif nodeinfo.cpu_only_node():
+        machine, known = PLATFORM_MACHINE.get(ctx.platform), f"the env is for {ctx.platform}"
+    else:
+        return ""  # a GPU node whose python told nothing: the probe runs and says what it finds
+    if machine in (None, "x86_64", "AMD64"):
         return ""
     return (
-        f"FlexAttention has no CPU compile path on {machine}: torch's CPU lowering needs AVX2 (x86 only; "
-        f"torch._inductor.kernel.flex.flex_cpu.check_cpu_supported); on a GPU node it compiles through "
-        f"Triton (compile.triton_build)"
+        f"FlexAttention has no CPU compile path on {machine} ({known} there): torch's CPU lowering needs "
+        f"AVX2 (x86 only; torch._inductor.kernel.flex.flex_cpu.check_cpu_supported); on a GPU node it "
+        f"compiles through Triton (compile.triton_build)"
     )
 
 

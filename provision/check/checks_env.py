@@ -103,6 +103,15 @@ def check_versions(ctx: Context) -> Outcome:
         return Outcome(
             SKIP, f"the lock has none of python, torch, triton and the env has no python ({ctx.lock_path})"
         )
+    if run.timed_out:
+        return Outcome(
+            FAIL,
+            f"{own} did not finish importing torch and triton in {run.seconds:.0f} s (its limit"
+            f"{'' if ctx.timeout_scale == 1 else f', {ctx.timeout_scale}x under emulation'}): a job on this "
+            f"node would stall as long before its first step",
+            f"see what slows this node (top; a cold or overloaded filesystem under the env: time {own} -c "
+            f"'import torch'), then rerun envcheck",
+        )
     if not run.ok:
         return Outcome(FAIL, f"{own} failed to start: {short_error(run.failure_text())}", ctx.provision_fix())
     got = run.result

@@ -38,6 +38,12 @@ from provision.paths import RepoRootError, repo_root
 from provision.prefix import DEFAULT_ENV_NAME, envs_dir, read_manifest
 
 WORKER_PATH = "/usr/bin:/bin"  # what a batch job's non-login shell starts with
+INTERPRETER_TIMEOUT_S = 300  # the env's python imports torch and triton: cold on a shared filesystem, minutes
+# qemu-user runs an aarch64 program many times slower than a real core: in the emulated worker
+# (--simulate-worker --platform linux-aarch64, which sets QEMU_CPU) a probe's limit is this many times
+# its own. Measured (docs/platforms.md): inductor_cpp 87 s alone, 544 s beside a 2-core host's test
+# suite (its limit: 900 s).
+EMULATED_TIMEOUT_SCALE = 4
 
 
 def compiler_package(platform: str, var: str) -> str:
@@ -159,6 +165,11 @@ class Context:
         return self.results.get(name)
 
     # -- facts, each computed once -----------------------------------------------------------------
+    @property
+    def timeout_scale(self) -> int:
+        """How many times its own limit a probe gets: EMULATED_TIMEOUT_SCALE under qemu-user, else 1."""
+        return EMULATED_TIMEOUT_SCALE if self.caller_env.get("QEMU_CPU") else 1
+
     @cached_property
     def manifest(self) -> dict[str, Any]:
         try:
@@ -246,7 +257,13 @@ class Context:
                 own = self.prefix / "bin" / "python"
                 self._interpreter_memo["run"] = (
                     probes.run_probe(
-                        "interpreter", probes.script("interpreter"), str(own), self.job_env, timeout=120
+                        "interpreter",
+                        probes.script("interpreter"),
+                        str(own),
+                        self.job_env,
+                        timeout=INTERPRETER_TIMEOUT_S * self.timeout_scale,
+                        progress=self.progress,
+                        activity="still starting",
                     )
                     if os.access(own, os.X_OK)
                     else None
@@ -263,7 +280,8 @@ class Context:
     def probe(
         self, name: str, args: dict[str, Any], timeout: float, shared: dict[str, str] | None = None
     ) -> probes.ProbeRun:
-        """Probe `name` in the job's environment; `shared`: the run's compile scratch (else its own)."""
+        """Probe `name` in the job's environment; `shared`: the run's compile scratch (else its own).
+        `timeout`: the limit on a real node (scaled by `timeout_scale`)."""
         python, _ = self.probe_python()
         return probes.run_probe(
             name,
@@ -271,7 +289,7 @@ class Context:
             python,
             self.job_env,
             args=args,
-            timeout=timeout,
+            timeout=timeout * self.timeout_scale,
             progress=self.progress,
             shared=shared,
         )

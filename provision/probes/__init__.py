@@ -99,12 +99,14 @@ def run_probe(
     progress: Callable[[str], None] | None = None,
     heartbeat_s: float = 10.0,
     shared: Mapping[str, str] | None = None,
+    activity: str = "still compiling",
 ) -> ProbeRun:
     """Run `script` with `python` in `env` plus throwaway caches; the scratch dir is removed after.
 
     `shared` (from `shared_scratch`; keys from SHAREABLE only) replaces the probe's own
     TORCHINDUCTOR_CACHE_DIR and TMPDIR; those dirs outlive the probe (their caller removes them).
-    `progress` gets a line every `heartbeat_s` while the probe runs (the slow compiles)."""
+    `progress` gets a line every `heartbeat_s` while the probe runs (the slow compiles), "NAME: ACTIVITY
+    (N s)"."""
     unknown = sorted(set(shared or {}) - set(SHAREABLE))
     if unknown:
         raise ValueError(f"run_probe: {', '.join(unknown)} cannot be shared (only {', '.join(SHAREABLE)})")
@@ -130,7 +132,9 @@ def run_probe(
         except OSError as exc:
             return ProbeRun(name, None, {"ok": False, "error": f"cannot run {python}: {exc}"}, 0.0, "", "")
         try:
-            stdout, stderr, timed_out = _communicate(proc, timeout, progress, heartbeat_s, name, start)
+            stdout, stderr, timed_out = _communicate(
+                proc, timeout, progress, heartbeat_s, f"{name}: {activity}", start
+            )
         finally:
             _kill_group(proc)  # nothing of the probe outlives it (a timeout, a signal, an exception)
         seconds = time.perf_counter() - start
@@ -155,7 +159,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _communicate(proc, timeout, progress, heartbeat_s, name, start) -> tuple[str, str, bool]:
+def _communicate(proc, timeout, progress, heartbeat_s, doing, start) -> tuple[str, str, bool]:
     deadline = start + timeout
     while True:
         wait = min(heartbeat_s, max(deadline - time.perf_counter(), 0.01))
@@ -168,7 +172,7 @@ def _communicate(proc, timeout, progress, heartbeat_s, name, start) -> tuple[str
                 stdout, stderr = proc.communicate()
                 return stdout, stderr, True
             if progress is not None:
-                progress(f"{name}: still compiling ({time.perf_counter() - start:.0f} s)")
+                progress(f"{doing} ({time.perf_counter() - start:.0f} s)")
 
 
 def _parse_result(stdout: str) -> dict:
