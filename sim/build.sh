@@ -15,19 +15,26 @@ set -euo pipefail
 name=${1:-libero}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 spec="$repo/sim/$name"
-prefix="$repo/.sim/$name"
-marker="$prefix/.lingbot-ready"
 if [ ! -f "$spec/requirements.lock" ]; then
   echo "sim/build.sh: no simulator environment '$name' (sim/$name/requirements.lock); known: libero" >&2
   exit 2
 fi
 want=$(cat "$spec"/*.lock "$spec"/*-8f1084e.txt "$repo/sim/build.sh" \
   "$repo/trainer/evaluation/sim/assets.py" | sha256sum | cut -d" " -f1)
+# Where: .sim/<name> in this checkout; with LINGBOT_SIM_HOME (a directory several checkouts share, e.g.
+# bin/test's machine cache) <home>/<name>-<first 16 of the hash>, so a checkout never rebuilds in place an
+# env another checkout with other locks is using; such a home keeps the two newest of each name.
+if [ -n "${LINGBOT_SIM_HOME:-}" ]; then
+  home=$LINGBOT_SIM_HOME; prefix="$home/$name-${want:0:16}"
+else
+  home="$repo/.sim"; prefix="$home/$name"
+fi
+marker="$prefix/.lingbot-ready"
 ready() { [ -x "$prefix/bin/python" ] && [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ]; }
 if ready; then echo "$prefix/bin/python"; exit 0; fi
 
-mkdir -p "$repo/.sim"
-exec 9>"$repo/.sim/$name.lock"
+mkdir -p "$home"
+exec 9>"$home/$name.lock"
 flock 9  # another command may be building it right now: wait for that one
 if ready; then echo "$prefix/bin/python"; exit 0; fi
 # shellcheck source=bin/_base_python.sh
@@ -37,7 +44,7 @@ if [ -z "$base_python" ]; then
   echo "sim/build.sh: the $name simulator environment needs Python 3.11 (none on PATH; set LINGBOT_BASE_PYTHON)" >&2
   exit 2
 fi
-log="$repo/.sim/$name.log"
+log="$home/$name.log"
 echo "sim: creating the $name simulator environment $prefix (first use; a few minutes, ~3 GB) ..." >&2
 started=$SECONDS
 rm -rf "$prefix"
@@ -67,5 +74,9 @@ EOF
 LIBERO_CONFIG_PATH="$prefix/libero-config" MUJOCO_GL=disabled "$py" -c 'import libero.libero.envs' \
   </dev/null >>"$log" 2>&1 || { tail -n 5 "$log" >&2; fail "import libero.libero.envs failed"; }
 printf '%s' "$want" >"$marker"
+if [ -n "${LINGBOT_SIM_HOME:-}" ]; then  # a shared home: the two newest of this name stay
+  find "$home" -mindepth 1 -maxdepth 1 -type d -name "$name-*" -printf '%T@ %p\n' | sort -rn | tail -n +3 |
+    cut -d' ' -f2- | while IFS= read -r old; do rm -rf "$old"; done
+fi
 echo "sim: $name simulator environment ready ($((SECONDS - started)) s)" >&2
 echo "$py"

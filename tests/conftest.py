@@ -15,13 +15,16 @@ preflight_record   session; the record of one real `--preflight-only` pass of th
                    made once per run for all xdist workers (schedule.once)
                    (tests/support/runs.py: seed_preflight puts it in a run dir, where the product's own
                    reuse rule decides whether it applies).
-run_inductor_cache function; this run's one Inductor cache, for the tests that compile inside the pytest
-                   process: TORCHINDUCTOR_CACHE_DIR set (for the test only) to a directory every xdist
-                   worker shares, made empty when the run starts (schedule.once). Inductor's CPU ISA
-                   probe (per process, its .so files in that dir) and identical kernels are then built
-                   once per run, not once per compiling worker; every distinct graph still compiles.
-                   Never for probes or product runs: envcheck's probes use private empty caches by
-                   design, and bin/train gets the session's variables (below).
+run_inductor_cache function; the machine's Inductor cache for the tests that compile inside the pytest
+                   process: TORCHINDUCTOR_CACHE_DIR set (for the test only) to
+                   ~/.cache/lingbot-fixtures/inductor-tests-torch<version> (LINGBOT_FIXTURES_CACHE),
+                   which every xdist worker and every later run shares, as bin/train's ranks share
+                   ~/.cache/lingbot/torchinductor_<env>_<kind> (trainer/launcher/compile_cache.py).
+                   The claims of those tests are Dynamo's counters (graphs, breaks, recompiles) and
+                   numbers against eager or SDPA, which hold whatever the cache holds; Inductor keys
+                   each entry by graph, config and torch version. Emptied at the run's start when over
+                   INDUCTOR_TESTS_CAP bytes. Never for probes or product runs: envcheck's probes use
+                   private empty caches by design, and bin/train gets the session's variables (below).
 
 Each test starts with the compile-cache variables the session started with (autouse): torch exports
 TORCHINDUCTOR_CACHE_DIR into the process that compiled (torch/_inductor/runtime/cache_dir_utils.py), and
@@ -47,6 +50,7 @@ if _REPO not in sys.path:
 from provision.worker_sim import WorkerSimulation, available  # noqa: E402
 from tests.support.channel import PREFIX_PLACEHOLDER, index_channel, make_package  # noqa: E402
 from tests.support.lanes import pytest_collection_modifyitems as _lanes  # noqa: E402  (the lane check)
+from tests.support.python_pkg import default_cache_root  # noqa: E402
 from tests.support.runs import clean_env, record_preflight  # noqa: E402
 from tests.support.schedule import once  # noqa: E402
 from tests.support.schedule import pytest_collection_modifyitems as _schedule  # noqa: E402
@@ -152,10 +156,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+INDUCTOR_TESTS_CAP = 512 * 2**20  # ~10 MB a run's new graphs; a cache past this is emptied, not pruned
+
+
+def _machine_inductor_cache(marker: Path) -> Path:
+    """The machine's Inductor cache for in-process compile tests, emptied first when over the cap."""
+    import torch
+
+    cache = default_cache_root() / f"inductor-tests-torch{torch.__version__}"
+    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) if cache.is_dir() else 0
+    if size > INDUCTOR_TESTS_CAP:
+        shutil.rmtree(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
 @pytest.fixture
 def run_inductor_cache(tmp_path_factory, monkeypatch) -> Path:
-    """TORCHINDUCTOR_CACHE_DIR for this test: the run's shared Inductor cache (the module docstring)."""
-    cache = once(tmp_path_factory, "inductor-cache", lambda root: root)
+    """TORCHINDUCTOR_CACHE_DIR for this test: the machine's Inductor cache for tests (module docstring)."""
+    cache = once(tmp_path_factory, "inductor-cache", _machine_inductor_cache)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     return cache
 

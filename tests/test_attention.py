@@ -1,7 +1,7 @@
 """flex and sdpa compute the same attention on the real LingBot mask; backend choice per device.
 
-The compiled flex case compiles into the run's shared Inductor cache (tests/conftest.py
-run_inductor_cache, empty when the run starts), not the host's persistent default dir."""
+The compiled flex case compiles into the machine's Inductor cache for tests (tests/conftest.py
+run_inductor_cache), not the host's default dir; flex against sdpa holds whatever the cache holds."""
 
 import pytest
 import torch

@@ -6,9 +6,9 @@ Op-level selective checkpointing (the hardest case: a selective-checkpoint conte
 graph) trains 3 steps x 2 micro-batches with sdpa (CPU FlexAttention has no backward in torch 2.13); the
 flex path, traced into the compiled block, runs forward over 6 redrawn micro-batches.
 
-Both compile into the run's shared Inductor cache (tests/conftest.py run_inductor_cache: empty when the
-run starts, so what this worker reuses was compiled earlier in the same run); the claims are Dynamo's
-counters, which count every graph whatever the cache holds."""
+Both compile into the machine's Inductor cache for tests (tests/conftest.py run_inductor_cache: what a
+run reuses was compiled by an earlier test or run); the claims are Dynamo's counters, which count every
+graph whatever the cache holds."""
 
 from __future__ import annotations
 

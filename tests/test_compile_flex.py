@@ -5,8 +5,8 @@ compiled flex_attention sees the same graph inputs: 50 forward steps with 4 chun
 compile once. Control: the same kernel with the window as a Python int compiles once per window value
 (two values, two graphs).
 (CPU: compiled flex forward only; torch 2.13 has no CPU flex backward.)
-Compiles go into the run's shared Inductor cache (tests/conftest.py run_inductor_cache), empty when the
-run starts; the claims are Dynamo's graph counts and flex against sdpa, whatever the cache holds.
+Compiles go into the machine's Inductor cache for tests (tests/conftest.py run_inductor_cache); the claims
+are Dynamo's graph counts and flex against sdpa, whatever the cache holds.
 """
 
 import pytest

@@ -2,8 +2,8 @@
 eager, keeps parameter names (checkpoints resume across the switch), and compiles once: the recipe's
 per-micro-batch chunk and window redraws change mask values only, never a shape, so nothing recompiles.
 
-The compile goes into the run's shared Inductor cache (tests/conftest.py run_inductor_cache), cold at the
-run's start: what it may reuse was compiled earlier in this run."""
+The compile goes into the machine's Inductor cache for tests (tests/conftest.py run_inductor_cache): what
+it may reuse was compiled by an earlier test or run; losses against eager hold whatever the cache holds."""
 
 from __future__ import annotations
 

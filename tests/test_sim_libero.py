@@ -167,11 +167,11 @@ def test_the_simulator_env_builds_and_renders_a_scene_on_a_worker_without_compil
     """What bin/evaluate --sim runs on a compute node: the env built on the login node (here: this host),
     a LIBERO scene built, reset to its init state, stepped and rendered through EGL inside the worker
     simulation (no gcc, no headers, no binutils, no openssl)."""
-    from trainer.evaluation.sim.env import ensure_env, prefix
+    from trainer.evaluation.sim.env import ensure_env
 
     python = ensure_env("libero", print)
     env = {**worker_env, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "PYTHONNOUSERSITE": "1",
-           "LIBERO_CONFIG_PATH": str(prefix("libero") / "libero-config")}  # fmt: skip
+           "LIBERO_CONFIG_PATH": str(python.parent.parent / "libero-config")}  # fmt: skip
     result = worker.run([str(python), "-c", RENDER_ON_WORKER], env=env, timeout=600)
     assert result.returncode == 0 and "RENDERED" in result.stdout, (
         result.stdout[-2000:] + result.stderr[-3000:]

@@ -62,11 +62,14 @@ def set_args(items: list[str]) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
+MACHINE_VARS = ("LINGBOT_SIM_HOME", "LINGBOT_FIXTURES_CACHE")  # where this machine's built envs live
+
+
 def clean_env(no_envs: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX"))
+        if (not k.startswith(("LINGBOT_", "SLURM_", "CONDA_PREFIX")) or k in MACHINE_VARS)
         and k not in ("MASTER_ADDR", "MASTER_PORT")
     }
     no_envs.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """The LIBERO simulator environment on this node: built on first use, its GL backend chosen and said.
 
     python = ensure_env("libero", say)      # sim/build.sh libero: .sim/libero built (or waited for) once
+                                            # ($LINGBOT_SIM_HOME/libero-<hash> when that is set)
     gl = choose_gl(python, say)             # "egl", else "osmesa"; SimEnvError naming the package if neither
     env = worker_env(python, gl)            # the environment a worker process runs with
 
@@ -33,8 +34,9 @@ class SimEnvError(RuntimeError):
     """The simulator environment cannot be built or cannot render here (one line: why, and the fix)."""
 
 
-def prefix(name: str = "libero") -> Path:
-    return REPO / ".sim" / name
+def home() -> Path:
+    """Where sim/build.sh keeps the simulator envs, their locks and logs: $LINGBOT_SIM_HOME, else .sim/."""
+    return Path(os.environ.get("LINGBOT_SIM_HOME") or REPO / ".sim")
 
 
 def ensure_env(name: str, say: Callable[[str], None]) -> Path:
@@ -42,7 +44,7 @@ def ensure_env(name: str, say: Callable[[str], None]) -> Path:
     proc = subprocess.run([str(REPO / "sim" / "build.sh"), name], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SimEnvError(
-            f"sim/build.sh {name} exited {proc.returncode} (its reason above; log {REPO}/.sim/{name}.log)"
+            f"sim/build.sh {name} exited {proc.returncode} (its reason above; log {home() / f'{name}.log'})"
         )
     python = Path(proc.stdout.strip().splitlines()[-1])
     say(f"evaluate: simulator env {python.parent.parent} (sim/{name}/*.lock)")
