@@ -305,7 +305,9 @@ def test_a_stopped_rank_is_said_with_both_stacks_and_ends_the_attempt(
     assert not all_gone(tree), f"left running: {all_gone(tree)}"
     fired = run.line_time("no step for ")
     assert ended - fired < VERDICT_AFTER_FIRE_S, (ended - fired, run.output)
-    # the limit is 10 x the median step (at least the floor), and the line came within it
+    # the limit is 10 x the median step (at least the floor), and the line came within it of the stop: the
+    # launcher says it when it sees the stall, before it takes the stacks (said after them, on a 2-core AMD
+    # EPYC at load ~9, it came 31.1 s after the stop: 26.7 s counted when seen, limit 26.5 s, then the dumps)
     assert hung["limit_s"] == pytest.approx(max(FLOOR_S, 10 * hung["median_step_s"]), abs=0.01), hung
     assert fired - stopped_at < hung["limit_s"] + 5 * stall.POLL_S + 2, (fired - stopped_at, hung)
     print(

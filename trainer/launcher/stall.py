@@ -2,8 +2,8 @@
 
 The launcher polls the attempt's progress.json (rank 0 writes it after every step; a step completes on
 every rank at its collective, so one writer speaks for all) while it waits for torchrun. When no step
-has completed for longer than the limit, it says one line, records every local rank's Python stacks and
-ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
+has completed for longer than the limit, it says one line at once, then records every local rank's Python
+stacks (py-spy: seconds on a loaded node) and ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
 
 The limit (config `hang`, trainer/config.py HangConfig) follows the phase rank 0 reports in
 progress.json (trainer/loop/phases.py), counted from the phase's start: start-up (no progress.json yet) and
@@ -34,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -217,8 +217,9 @@ class StallDetector:
         self.clock = StallClock(cfg, started=time.monotonic())
 
     def check(self, torchrun_pid: int) -> Hung | str | None:
-        """None while the attempt moves; a Hung record once it stalled; a line (str) when every rank
-        reported completion and the last checkpoint is complete, yet torchrun did not exit."""
+        """None while the attempt moves; a Hung record once it stalled (its stacks: with_stacks); a line
+        (str) when every rank reported completion and the last checkpoint is complete, yet torchrun did not
+        exit."""
         now = time.monotonic()
         progress = self.attempt.read_progress()
         self.clock.observe(progress.last_step, now, progress.phase, progress.phase_time, progress.expect_s)
@@ -268,7 +269,6 @@ class StallDetector:
         halted = stopped(procs)
         if halted:
             line += "; stopped (not running): " + ", ".join(f"rank {r} (pid {procs[r].pid})" for r in halted)
-        files, innermost = dump_stacks(procs, self.attempt.dir / STACKS_DIR / f"node{self.node}")
         return Hung(
             node=self.node,
             line=line,
@@ -277,11 +277,18 @@ class StallDetector:
             stalled_s=stalled_s,
             limit_s=round(clock.limit(), 3),
             median_step_s=round(median, 4) if median is not None else None,
-            stack_files=files,
-            innermost=innermost,
+            stack_files={},  # with_stacks() fills them once the line is said
+            innermost={},
             stopped_ranks=halted,
             policy=self.policy,
         )
+
+    def with_stacks(self, hung: Hung, torchrun_pid: int) -> Hung:
+        """The Hung record with every local rank's stacks (py-spy: seconds on a loaded node), taken after
+        the launcher said the line, so the line comes when the stall is seen, and before the ranks end."""
+        procs = rank_processes(torchrun_pid)
+        files, innermost = dump_stacks(procs, self.attempt.dir / STACKS_DIR / f"node{self.node}")
+        return replace(hung, stack_files=files, innermost=innermost)
 
 
 def resolve_policy(cfg: HangConfig, environ: dict[str, str]) -> str:

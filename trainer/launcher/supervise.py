@@ -219,8 +219,9 @@ class Torchrun:
                 say(hung)
                 kill_tree(self.proc.pid)
             elif hung is not None:
-                self.hung, self.quiet = hung, True
-                say(hung.line)
+                self.quiet = True
+                say(hung.line)  # when the stall is seen; the stacks (seconds under load) after it
+                hung = self.hung = self.detector.with_stacks(hung, self.proc.pid)
                 files = ", ".join(hung.stack_files.values()) or "none (no rank process)"
                 say(f"stacks of every rank: {files}")
                 kill_tree(self.proc.pid)
