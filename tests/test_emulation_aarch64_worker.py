@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from provision import emulation
-from tests.support.aarch64_env import download_wheels, provision_env
+from tests.support.aarch64_env import fetch, fixtures_cache, provision_env
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "aarch64-conda-linux-gnu"
@@ -52,12 +52,11 @@ class Lane:
 def aarch64_env() -> Lane:
     if os.geteuid() != 0:
         pytest.fail("the emulated aarch64 worker needs root (binfmt_misc, mounts, chroot); run as root")
-    cache = Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
-    # the emulated worker's qemu and arm64 root (bin/envcheck --simulate-worker reuses this cache); the
-    # provision itself runs no aarch64 program
-    qemu = emulation.qemu_root(cache / "emulation")
-    emulation.arm64_root(cache / "emulation")
-    wheels = download_wheels(cache / "aarch64-wheels", REPO / "conda-lock.yml")
+    cache = fixtures_cache()
+    # the emulated worker's qemu and arm64 root (bin/envcheck --simulate-worker reuses this cache), the
+    # stand-ins' debs and the wheels (.ci/run fetched them beside the suite); the provision itself runs no
+    # aarch64 program
+    qemu, wheels = fetch(cache)
     prefix, _ = provision_env(cache / "aarch64-work", wheels)
     return Lane(prefix, qemu)
 

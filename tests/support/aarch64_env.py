@@ -12,6 +12,11 @@ no aarch64 program (the pip part is installed by the host: provision/wheel_insta
   `install.provision` with `pip_find_links` = a directory of the locked wheels (downloaded once by the
   host's pip: ~2.9 GB), installed by the host's pip and pypa's installer (no qemu needed; the env's own
   aarch64 python runs only later, in the emulated worker).
+
+`fetch(cache)` is every download the lane makes before it provisions (qemu-user-static, the arm64 root, the
+stand-ins' Debian packages, the lock's aarch64 wheels: ~3 GB, network-bound); `.ci/run` runs it beside the
+suite (`bin/test --aarch64-fetch`, i.e. `python -m tests.support.aarch64_env fetch`) so the lane, after the
+suite, finds them in the machine's cache.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from provision import install, lock
+from provision import emulation, install, lock
 from provision.spec import load_spec
 
 from .aarch64_standins import standin_packages
@@ -46,6 +51,22 @@ CONDA = (
     "gxx_linux-aarch64",
     "sysroot_linux-aarch64",
 )
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fixtures_cache() -> Path:
+    return Path(os.environ.get("LINGBOT_FIXTURES_CACHE") or Path.home() / ".cache" / "lingbot-fixtures")
+
+
+def fetch(cache: Path) -> tuple[Path, Path]:
+    """The lane's downloads into the machine's cache (module docstring); each piece is kept once complete
+    (renamed into place), so a second call only checks. Returns (qemu-user-static's tree, the wheels)."""
+    qemu = emulation.qemu_root(cache / "emulation")
+    emulation.arm64_root(cache / "emulation")
+    standin_packages(cache)
+    return qemu, download_wheels(cache / "aarch64-wheels", REPO / "conda-lock.yml")
 
 
 def download_wheels(dest: Path, lockfile: Path) -> Path:
@@ -119,3 +140,12 @@ def provision_env(root: Path, wheels: Path, *, name: str = "lingbot-aarch64", op
                       progress=install.Progress(enabled=True))  # fmt: skip
     times["provision_s"] = round(time.monotonic() - start, 1)
     return plan.target, times
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["fetch"]:
+        sys.exit("usage: python -m tests.support.aarch64_env fetch")
+    started = time.monotonic()
+    fetch(fixtures_cache())
+    took = time.monotonic() - started
+    print(f"aarch64 lane: downloads ready in {fixtures_cache()} ({took:.0f} s)", file=sys.stderr)

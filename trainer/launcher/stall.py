@@ -2,8 +2,9 @@
 
 The launcher polls the attempt's progress.json (rank 0 writes it after every step; a step completes on
 every rank at its collective, so one writer speaks for all) while it waits for torchrun. When no step
-has completed for longer than the limit, it says one line at once, then records every local rank's Python
-stacks (py-spy: seconds on a loaded node) and ends the attempt (the verdict is failed, exit 1, with a `hung` record; trainer/attempt.py Hung).
+has completed for longer than the limit, it says one line at once, then records every local rank's
+Python stacks (py-spy: seconds on a loaded node) and ends the attempt (the verdict is failed, exit 1,
+with a `hung` record; trainer/outcomes.py Hung).
 
 The limit (config `hang`, trainer/config.py HangConfig) follows the phase rank 0 reports in
 progress.json (trainer/loop/phases.py), counted from the phase's start: start-up (no progress.json yet) and
