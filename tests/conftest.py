@@ -22,7 +22,7 @@ run_inductor_cache function; the machine's Inductor cache for the tests that com
                    ~/.cache/lingbot/torchinductor_<env>_<kind> (trainer/launcher/compile_cache.py).
                    The claims of those tests are Dynamo's counters (graphs, breaks, recompiles) and
                    numbers against eager or SDPA, which hold whatever the cache holds; Inductor keys
-                   each entry by graph, config and torch version, and by the traced sources' paths: a
+                   each entry by graph, config and torch version, and (measured) by the checkout's path: a
                    later run in the same checkout reuses it, a clone elsewhere compiles again
                    (docs/tests.md, "A fresh AMD EPYC machine"). Emptied at the run's start when over
                    INDUCTOR_TESTS_CAP bytes. Never for probes or product runs: envcheck's probes use
