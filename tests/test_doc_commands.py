@@ -119,7 +119,7 @@ def problems(command: str) -> list[str]:
         tool = words[0].removeprefix("bin/")
         if not os.access(REPO / "bin" / tool, os.X_OK):
             return [f"{words[0]} is not an executable file of this tree"]
-        if tool == "test":  # bin/test [--fast | --aarch64 | --setup | ...] [PYTEST ARGS]: its modes, read from it
+        if tool == "test":  # bin/test [--fast | --aarch64 | --setup | ...] [PYTEST ARGS]: modes read from it
             rest = words[1:]
             modes = re.findall(r"^\s*(--[a-z0-9-]+)\)", (REPO / "bin" / "test").read_text(), re.M)
             if rest[:1] and rest[0] in modes:
