@@ -29,7 +29,7 @@ import pytest
 from provision import install, lock, probes
 from provision.check import FAIL, PASS, SKIP, STATUSES, WARN, scrubbed_environment
 from provision.check.context import Context, Outcome
-from provision.check.table import TABLE, CheckSpec, run_table
+from provision.check.table import TABLE, CheckSpec, run_table, select
 from provision.envvars import job_environment
 from provision.spec import load_spec
 from tests.support.channel import index_channel
@@ -190,6 +190,36 @@ def test_env_and_prefix_together_is_a_usage_error(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "not both" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.fast
+def test_only_runs_the_named_checks_and_what_they_need(tmp_path):
+    """--only: the rows named (patterns too) and their prerequisites, in the table's order; a name of no row
+    and --only with --fast are usage errors (exit 2) before anything runs; the report says what was asked."""
+    ctx = Context(prefix=tmp_path / "gone", worker=True, fast=False, caller_env={})
+    names = [spec.name for spec in select(TABLE, ["toolchain.sysroot"], ctx)]
+    assert names == ["env.prefix", "variables.file", "variables.CC", "variables.CXX", "toolchain.sysroot"]
+    names = [spec.name for spec in select(TABLE, ["gpu.*", "node.disk"], ctx)]
+    assert names == ["env.prefix", "gpu.cuda", "gpu.driver", "gpu.nccl", "gpu.kind", "node.disk"]
+    with pytest.raises(ValueError, match="'compile.nope' names no check"):
+        select(TABLE, ["compile.nope"], ctx)
+    gone = str(tmp_path / "gone")
+    for bad, said in (
+        (["--only", "compile.nope"], "compile.triton_build"),
+        (["--only", "env.*", "--fast"], "not both"),
+    ):
+        proc = subprocess.run([*ENVCHECK, "--prefix", gone, *bad], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and said in proc.stderr and proc.stdout == "", proc.stderr
+    proc = subprocess.run([*ENVCHECK, "--prefix", gone, "--only", "env.lock,node.*", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    report = json.loads(proc.stdout)
+    assert (
+        proc.returncode == 1
+        and report["only"] == ["env.lock", "node.*"]
+        and report["failed"] == ["env.prefix"]
+    )
+    assert "--only env.lock,node.*" in proc.stderr
 
 
 @pytest.mark.fast

@@ -27,7 +27,7 @@ from pathlib import Path
 from provision.check.checks_node import cache_filesystem_verdict
 from provision.check.context import Context, env_name_of, scrubbed_environment
 from provision.check.report import FAIL, PASS, REPORT_FORMAT, SKIP, STATUSES, WARN, Check, Report
-from provision.check.table import TABLE, CheckSpec, run_table
+from provision.check.table import TABLE, CheckSpec, run_table, select
 
 __all__ = [
     "FAIL",
@@ -50,6 +50,7 @@ def run_checks(
     *,
     worker: bool,
     fast: bool = False,
+    only: list[str] | None = None,
     env: Mapping[str, str] | None = None,
     lockfile: Path | None = None,
     mountinfo: str | os.PathLike[str] | None = None,
@@ -61,7 +62,8 @@ def run_checks(
     """Check the env at `prefix` as a job on this node would use it; see the module docstring.
 
     `env` is the caller's environment (default os.environ); `fast` is bin/train's preflight subset
-    (variables, the Triton C build and one small Inductor kernel, caches, filesystems, node);
+    (variables, the Triton C build and one small Inductor kernel, caches, filesystems, node); `only`: the
+    rows named (patterns allowed) and the rows they need (table.select: ValueError for a name of none);
     `mountinfo` replaces /proc/self/mountinfo (tests); `progress` receives lines for the slow checks;
     `compile_as_caller`: for a prefix that is no provisioned env (bin/train's tool-env fallback), run the
     compile checks with the caller's environment instead of skipping them (never under --worker);
@@ -78,6 +80,8 @@ def run_checks(
         chosen_by=chosen_by,
         compile_as_caller=compile_as_caller,
     )
+    if only:
+        table = select(table, only, ctx)
     report = Report(
         str(prefix),
         env_name_of(prefix),
@@ -85,6 +89,7 @@ def run_checks(
         fast,
         socket.gethostname(),
         time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        only=list(only or []),
     )
     started = time.perf_counter()
     report.checks = run_table(ctx, table)

@@ -9,6 +9,7 @@ the text report on stdout. `--json -` (what trainer/sbatch.py writes) means --js
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import subprocess
 import sys
@@ -16,9 +17,21 @@ from pathlib import Path
 
 import click
 
-from provision.check import run_checks
+from provision.check import TABLE, run_checks
 from provision.jsonout import JsonRequest, outcome, run_click
 from provision.prefix import resolve_prefix
+
+
+def only_patterns(given: tuple[str, ...]) -> list[str]:
+    """--only's values (repeatable, comma-separated), each matching at least one check's name."""
+    names = [spec.name for spec in TABLE]
+    patterns = [p.strip() for value in given for p in value.split(",") if p.strip()]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise click.UsageError(
+                f"--only {pattern}: no check has that name (the checks: {', '.join(names)})"
+            )
+    return patterns
 
 
 def _lock_dirs(prefix: Path, lockfile: Path | None) -> list[Path]:
@@ -89,6 +102,8 @@ def _simulate(params: dict) -> int:
     for flag, key in (("--fast", "fast"), ("--json", "as_json")):
         if params[key]:
             argv.append(flag)
+    for pattern in params["only"]:
+        argv += ["--only", pattern]
     for option, key in (
         ("--env", "env_name"),
         ("--prefix", "prefix"),
@@ -160,6 +175,14 @@ def _simulate(params: dict) -> int:
 )
 @click.option("--fast", is_flag=True, help="bin/train's preflight subset: compilers, caches, node (seconds).")
 @click.option(
+    "--only",
+    "only",
+    multiple=True,
+    metavar="CHECK[,CHECK]",
+    help="Only these checks (names or patterns, e.g. compile.*) and the checks they need; the report "
+    "lists just those. Not with --fast.",
+)
+@click.option(
     "--lockfile",
     type=click.Path(path_type=Path),
     help="Lock to compare with [default: the one the env was provisioned from].",
@@ -170,17 +193,25 @@ def _simulate(params: dict) -> int:
     help="Mount table to read instead of /proc/self/mountinfo.",
 )
 def main(
-    env_name, prefix, worker, as_json, json_file, simulate_worker, platform, fast, lockfile, mountinfo
+    env_name, prefix, worker, as_json, json_file, simulate_worker, platform, fast, only, lockfile, mountinfo
 ) -> None:
     """Prove an env on this node before a job is queued; exit 0 only if no check FAILed."""
     if env_name and prefix:
         raise click.UsageError("give --env NAME or --prefix PATH, not both")
+    only = only_patterns(only)
+    if only and fast:
+        raise click.UsageError("give --fast or --only, not both (--only names the checks itself)")
     if as_json not in (None, "-"):  # the old `--json FILE`: the file, text on stdout
         click.echo(f"envcheck: `--json {as_json}` is deprecated: use `--json-file {as_json}`", err=True)
         json_file, as_json = json_file or Path(as_json), None
     as_json = as_json == "-"
     if simulate_worker:
-        params = {**click.get_current_context().params, "as_json": as_json, "json_file": json_file}
+        params = {
+            **click.get_current_context().params,
+            "as_json": as_json,
+            "json_file": json_file,
+            "only": only,
+        }
         sys.exit(_simulate(params))
     if prefix:
         chosen_by = "--prefix"
@@ -198,6 +229,7 @@ def main(
         target,
         worker=worker,
         fast=fast,
+        only=only,
         lockfile=lockfile,
         mountinfo=mountinfo,
         progress=progress,

@@ -35,6 +35,7 @@ class Report:
     started: str
     seconds: float = 0.0
     checks: list[Check] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)  # --only: the rows asked for (and what they need ran)
 
     @property
     def ok(self) -> bool:
@@ -75,7 +76,8 @@ class Report:
         width = max((len(c.name) for c in self.checks), default=10)
         lines = [
             f"envcheck {self.env_name} ({self.prefix}){' --worker' if self.worker else ''}"
-            f"{' --fast' if self.fast else ''} on {self.node}"
+            f"{' --fast' if self.fast else ''}{' --only ' + ','.join(self.only) if self.only else ''}"
+            f" on {self.node}"
         ]
         for c in self.checks:
             body = c.message.replace("\n", "\n" + " " * (width + 15))

@@ -17,6 +17,7 @@ the table's order whatever the order they finished in. When run_table returns, t
 
 from __future__ import annotations
 
+import fnmatch
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,32 @@ TABLE: tuple[CheckSpec, ...] = (
     CheckSpec("node.glibc", node.check_glibc),
     CheckSpec("node.disk", node.check_disk),
 )
+
+
+def select(table: tuple[CheckSpec, ...], only: list[str], ctx: Context) -> tuple[CheckSpec, ...]:
+    """`--only`: the rows named (exact names or shell patterns, e.g. `compile.*`) and every row they need,
+    in the table's order: env.prefix (nothing runs without it), variables.file where a row reads the env's
+    variables, and each prerequisite (needs_pass, needs_not_fail) with its own. ValueError naming a name
+    that matches no row. Rows left out are not in the report, as --fast's are not."""
+    by_name = {spec.name: spec for spec in table}
+    wanted: set[str] = set()
+    for pattern in only:
+        matched = fnmatch.filter(by_name, pattern)
+        if not matched:
+            raise ValueError(f"{pattern!r} names no check (the checks: {', '.join(by_name)})")
+        wanted.update(matched)
+    todo = list(wanted)
+    while todo:
+        spec = by_name[todo.pop()]
+        needs = spec.needs_not_fail(ctx) if callable(spec.needs_not_fail) else spec.needs_not_fail
+        more = {*spec.needs_pass, *needs, table[0].name}
+        if spec.needs_job_env:
+            more.add("variables.file")
+        for name in more - wanted:
+            if name in by_name:
+                wanted.add(name)
+                todo.append(name)
+    return tuple(spec for spec in table if spec.name in wanted)
 
 
 def skip_reason(spec: CheckSpec, ctx: Context) -> str:
