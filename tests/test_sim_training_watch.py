@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import time
 from pathlib import Path
@@ -76,6 +77,9 @@ def test_retention_keeps_a_pinned_checkpoint_and_best_by_sim(tmp_path):
 
 FAKE_EVALUATOR = """#!/bin/sh
 # stand-in for `python -m trainer.evaluation.cli CKPT --sim libero ... --plots-dir OUT ...`
+# SIGINT ends it at once, as it ends bin/evaluate's python (KeyboardInterrupt); with $STUBBORN present
+# it ignores SIGINT (so does its sleep: an ignored signal is inherited): the SIGKILL after the grace ends it
+if [ -f "$STUBBORN" ]; then trap '' INT; else trap 'exit 130' INT; fi
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "--plots-dir" ] && out="$a"; prev="$a"; done
 echo "$@" > "$out/argv"
@@ -92,7 +96,8 @@ def _watcher(tmp_path: Path, *sets: str) -> simeval.SimEval:
     fake.write_text(FAKE_EVALUATOR)
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     cfg = _cfg("eval.sim=libero", "eval.sim_every=2", "eval.sim_tasks=0", "eval.sim_episodes=2", *sets)
-    env = {**os.environ, "HOLD": str(tmp_path / "hold"), "EXIT_WITH": str(tmp_path / "exit-with")}
+    env = {**os.environ, "HOLD": str(tmp_path / "hold"), "EXIT_WITH": str(tmp_path / "exit-with"),
+           "STUBBORN": str(tmp_path / "stubborn")}  # fmt: skip
     return simeval.SimEval(cfg, tmp_path / "run", str(fake), env, tmp_path / "stop", cpu_scale=True)
 
 
@@ -160,7 +165,7 @@ def test_stop_abandons_the_running_evaluation_and_the_queue(tmp_path):
     proc = sim.current.proc
     (tmp_path / "stop").touch()  # the attempt's stop file: a stop signal reached the launcher
     sim.poll()
-    assert proc.poll() is not None and sim.current is None
+    assert proc.poll() == 130 and sim.current is None  # SIGINT ended it, as it ends bin/evaluate
     records = simrecords.read_records(root)
     assert {s: r["status"] for s, r in records.items()} == {2: "abandoned", 4: "abandoned"}
     assert records[2]["success_rate"] is None and not (out / "results.json").exists()
@@ -168,17 +173,25 @@ def test_stop_abandons_the_running_evaluation_and_the_queue(tmp_path):
 
 
 @pytest.mark.parametrize("wait", [True, False])
-def test_finish_waits_within_its_bound_or_abandons(tmp_path, wait):
+def test_finish_waits_within_its_bound_or_abandons(tmp_path, monkeypatch, wait):
+    """Past the bound the evaluation is abandoned; one that ignores SIGINT is killed after the grace (here
+    0.5 s instead of ABANDON_GRACE_S's 20) and leaves no process behind."""
+    monkeypatch.setattr(simeval, "ABANDON_GRACE_S", 0.5)
     root = tmp_path / "run" / "checkpoints"
     sim = _watcher(tmp_path, f"eval.sim_wait_s={60 if wait else 0}")
     _checkpoint(root, 2)
     (tmp_path / "hold").touch()
+    if not wait:
+        (tmp_path / "stubborn").touch()
     sim.poll()
+    assert sim.current is not None
+    proc = sim.current.proc
     if wait:
         (tmp_path / "hold").unlink()  # the evaluator finishes while the launcher waits for it
     sim.finish(wait=True)  # a completed run
     status = simrecords.read_records(root)[2]["status"]
     assert status == ("done" if wait else "abandoned")
+    assert proc.returncode == (0 if wait else -signal.SIGKILL)
 
 
 def test_preflight_counts_the_checkpoint_under_evaluation_and_the_best_by_sim(tmp_path, monkeypatch):
