@@ -22,6 +22,7 @@ suite, finds them in the machine's cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 from provision import emulation, install, lock
+from provision.atomic import write_json_atomic
 from provision.spec import load_spec
 
 from .aarch64_standins import standin_packages
@@ -82,13 +84,23 @@ def download_wheels(dest: Path, lockfile: Path) -> Path:
                if d.name in names or d.name.startswith("nvidia-")]  # fmt: skip
     dest.mkdir(parents=True, exist_ok=True)
     reqs = dest / "requirements.txt"
-    reqs.write_text("".join(f"{d.name} @ {d.url} --hash=sha256:{d.sha256}\n" for d in entries))
+    wanted = "".join(f"{d.name} @ {d.url} --hash=sha256:{d.sha256}\n" for d in entries)
+    stamp = dest / "verified.json"  # what pip last checked against `wanted`: every wheel's size and mtime
+    if stamp.is_file() and json.loads(stamp.read_text()) == {"requirements": wanted, "wheels": _wheels(dest)}:
+        return dest  # the same files pip verified (.ci/run's fetch beside the suite): not hashed again (11 s)
+    stamp.unlink(missing_ok=True)
+    reqs.write_text(wanted)
     tags = [a for t in manylinux_platforms("2.35", "aarch64") for a in ("--platform", t)]
     cmd = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--require-hashes",
            "--only-binary", ":all:", *tags, "--python-version", "3.11", "--implementation", "cp",
            "-d", str(dest), "-r", str(reqs), "-q"]  # fmt: skip
     subprocess.run(cmd, env={**os.environ, "PIP_CONFIG_FILE": os.devnull}, check=True)
+    write_json_atomic(stamp, {"requirements": wanted, "wheels": _wheels(dest)})
     return dest
+
+
+def _wheels(dest: Path) -> dict[str, list[int]]:
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(dest.glob("*.whl"))}
 
 
 def channel(root: Path, cache_root: Path | None = None) -> Path:
