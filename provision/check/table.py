@@ -114,11 +114,12 @@ def select(table: tuple[CheckSpec, ...], only: list[str], ctx: Context) -> tuple
         if not matched:
             raise ValueError(f"{pattern!r} names no check (the checks: {', '.join(by_name)})")
         wanted.update(matched)
+    basis = {spec.name for spec in table if spec.stop_on_fail}  # env.prefix: nothing runs without it
     todo = list(wanted)
     while todo:
         spec = by_name[todo.pop()]
         needs = spec.needs_not_fail(ctx) if callable(spec.needs_not_fail) else spec.needs_not_fail
-        more = {*spec.needs_pass, *needs, table[0].name}
+        more = {*spec.needs_pass, *needs, *basis}
         if spec.needs_job_env:
             more.add("variables.file")
         for name in more - wanted:
