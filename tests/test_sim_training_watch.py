@@ -184,7 +184,11 @@ def test_finish_waits_within_its_bound_or_abandons(tmp_path, monkeypatch, wait):
     if not wait:
         (tmp_path / "stubborn").touch()
     sim.poll()
-    assert sim.current is not None
+    out = tmp_path / "run" / "evaluation" / "checkpoint_step_2" / "libero" / "libero_10"
+    deadline = time.monotonic() + 60
+    while not (out / "holding").exists():  # past its trap line: SIGINT now meets what the test set up
+        assert sim.current is not None and sim.current.proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)  # polling for an event, with a deadline
     proc = sim.current.proc
     if wait:
         (tmp_path / "hold").unlink()  # the evaluator finishes while the launcher waits for it
