@@ -150,7 +150,18 @@ def test_watcher_records_a_pruned_and_a_removed_checkpoint(tmp_path):
     assert records[8]["status"] == "skipped" and records[10]["status"] == "done"
 
 
-def test_stop_abandons_the_running_evaluation_and_the_queue(tmp_path):
+def test_stop_abandons_the_running_evaluation_and_the_queue(tmp_path, monkeypatch):
+    """The evaluator ends on abandon()'s SIGINT, also when the launcher ignores SIGINT (started with `&` from
+    a non-interactive shell): the child's dispositions are reset before its exec."""
+    monkeypatch.setattr(simeval, "ABANDON_GRACE_S", 5.0)  # not met: it ends on the SIGINT
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _stop_abandons(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_abandons(tmp_path: Path) -> None:
     root = tmp_path / "run" / "checkpoints"
     sim = _watcher(tmp_path)
     (tmp_path / "hold").touch()

@@ -90,8 +90,13 @@ def evaluator_env(env: dict[str, str], device: str) -> dict[str, str]:
     return child
 
 
-def _unblock_signals() -> None:  # the watcher thread blocks the stop signals; its children must not
+def _unblock_signals() -> None:
+    """In the evaluator's child before exec: the watcher thread blocks the stop signals, and a launcher
+    started in the background of a non-interactive shell (`bin/train ... &` in a script) ignores SIGINT;
+    an exec keeps both, so the evaluator would outlast abandon()'s SIGINT until the SIGKILL."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    for sig in STOP_SIGNALS:  # a handler is reset by the exec anyway; an ignored signal is not
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class SimEval:
