@@ -2,7 +2,7 @@
 daemons such as Slurm's and the jobs they run) in a cpuacct cgroup of the test's own, so a test's CPU is
 everything it caused, not only what its pytest worker waited for. Root, cgroup v1's cpuacct controller.
 
-    bin/test -q -p bench.suite_cpu                       # LINGBOT_SUITE_CPU_DIR=DIR (default /tmp/suite-cpu)
+    bin/test -q -p bench.suite_cpu                       # LINGBOT_SUITE_CPU_DIR=DIR: an empty folder
     .venv/bin/python bench/suite_cpu.py [DIR]            # the module table and the 40 largest tests
 
 As a pytest plugin (`-p bench.suite_cpu`), in each xdist worker (or, with LINGBOT_SUITE_CPU_LANE=1, in a
@@ -71,9 +71,14 @@ def report(out: Path) -> str:
         for line in path.read_text().split("\n")
         if line
     ]
+    gone = [row["test"] for row in rows if not (ROOT / row["cgroup"] / "cpuacct.usage").exists()]
+    if gone:  # an earlier run's lines (its cgroups were read and removed): never counted as 0 CPU-s
+        raise SystemExit(
+            f"bench/suite_cpu.py: {out} holds {len(gone)} test(s) whose cgroup is gone (e.g. "
+            f"{gone[0]}): an earlier run's lines; set LINGBOT_SUITE_CPU_DIR to an empty folder"
+        )
     for row in rows:
-        usage = ROOT / row["cgroup"] / "cpuacct.usage"
-        row["cpu"] = int(usage.read_text()) / 1e9 if usage.exists() else 0.0
+        row["cpu"] = int((ROOT / row["cgroup"] / "cpuacct.usage").read_text()) / 1e9
     modules: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for row in rows:
         module = modules[row["test"].split("::")[0]]
