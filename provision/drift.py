@@ -11,6 +11,7 @@ locks a name in both the conda and the pip part.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +63,11 @@ def content_hash(spec: EnvSpec, platform: str, vpkgs: VpkgSource) -> str:
             src_files=[lockable], platform_overrides=[platform], mapping_url=str(mapping)
         )
         repo = _virtual_package_repo(vpkgs, platform, Path(tmp))
-        return compute_content_hashes(lock_spec, repo)[platform]
+        try:
+            return compute_content_hashes(lock_spec, repo)[platform]
+        finally:  # conda-lock makes the fake repodata folder with mkdtemp and removes it only at exit,
+            # which bin/provision's os._exit skips (provision/cli.py): one folder left in $TMPDIR a run
+            shutil.rmtree(repo.base_path, ignore_errors=True)
 
 
 def spec_sha256(spec_path: Path) -> str:

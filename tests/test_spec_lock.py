@@ -93,6 +93,21 @@ def test_repo_lock_is_a_solve_of_the_spec_with_compilers_and_both_hashes():
 
 
 @pytest.mark.fast
+def test_content_hash_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """conda-lock's fake repodata folder is removed when the hash is made, not at exit: bin/provision ends
+    with os._exit (provision/cli.py), so an atexit removal left one folder in $TMPDIR a run."""
+    import tempfile
+
+    spec = load_spec(REPO / "environment.yml")
+    header = check_lock(spec, REPO / "conda-lock.yml", "linux-64", log=lambda _: None)
+    monkeypatch.delenv("RUNNER_TEMP", raising=False)  # conda-lock's folder goes there when set
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for source in (header.recorded_vpkgs, REPO / "virtual-packages.yml", None):
+        assert len(content_hash(spec, "linux-64", source)) == 64
+        assert sorted(p.name for p in tmp_path.iterdir()) == [], source
+
+
+@pytest.mark.fast
 def test_repo_lock_holds_each_platforms_own_compilers_wheels_and_virtual_packages():
     """Grace nodes (linux-aarch64) in the same lock: their compilers, sysroot, openssl, aarch64 wheels."""
     spec = load_spec(REPO / "environment.yml")
