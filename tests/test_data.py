@@ -582,6 +582,9 @@ def test_prepare_under_torchrun(tmp_path):
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # a free port, not the default 29500 another test's torchrun may hold
+        "--log-dir",  # torchrun's own folder, else a torchelastic_* folder left in /tmp
+        str(tmp_path / "torchrun-logs"),
         "--nproc-per-node",
         "2",
         "-m",

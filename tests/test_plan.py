@@ -177,7 +177,8 @@ def test_predicted_peak_matches_a_real_two_rank_cpu_step(tmp_path):
 
     out = tmp_path / "measured.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "trainer.plan.measure",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--log-dir", str(tmp_path / "logs"),
+         "--nproc-per-node", "2", "-m", "trainer.plan.measure",
          "--config", "furniture_train", "--cpu-scale", "--set", "train.grad_accum=3", "--out", str(out)],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )  # fmt: skip
