@@ -102,9 +102,8 @@ def publish(lines: list[str], out: Path | None) -> None:
 def torchrun(script: Path, nproc: int, args: list[str], out_dir: Path, timeout: float) -> list[dict]:
     """Run `script` under torchrun with `nproc` ranks; each rank writes out_dir/rank<r>.json."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--log-dir", str(out_dir / "torchrun-logs"),
-           f"--nproc_per_node={nproc}",
-           str(script), str(out_dir), *args]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "--log-dir", str(out_dir / "torchrun-logs"), str(script), str(out_dir), *args]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     files = [out_dir / f"rank{r}.json" for r in range(nproc)]
     # Results are written before teardown; torch 2.13/gloo sometimes aborts in teardown after that.

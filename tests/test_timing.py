@@ -260,8 +260,8 @@ def _worker(out_dir: Path) -> None:
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("timing")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--log-dir", str(out / "logs"), "--nproc_per_node", "2",
-           __file__, str(out)]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--log-dir", str(out / "logs"), __file__, str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     files = [out / f"rank{r}.json" for r in range(2)]
     # Results are written before teardown; a teardown abort after both files exist (torch 2.13 gloo,
