@@ -28,7 +28,15 @@ from provision.install import INSTALLERS, Progress, ProvisionError, default_cach
 from provision.jsonout import JsonRequest, outcome, run_click
 from provision.lock import PYPI_INDEX, LockError, check_lock, current_platform, default_mirrors, make_lock
 from provision.lockfile import read_lock
-from provision.spec import EnvSpec, SpecError, check_env_name, default_spec, load_spec
+from provision.spec import (
+    EnvSpec,
+    SpecError,
+    check_env_name,
+    default_spec,
+    load_spec,
+    provision_command,
+    valid_env_name,
+)
 from provision.vpkgs import VirtualPackagesError
 
 
@@ -38,24 +46,25 @@ def _fail(message: str, request: JsonRequest) -> None:
     sys.exit(2)
 
 
-def _spec_for(spec_file: Path | None, lockfile: Path | None) -> EnvSpec | None:
+def _spec_for(spec_file: Path | None, lockfile: Path | None, name: str | None = None) -> EnvSpec | None:
     """--file, else (with --lockfile) the source the lock records beside it, else this checkout's spec.
-    None: a lock with no environment.yml at hand (installed with a warning)."""
+    None: a lock with no environment.yml at hand (installed with a warning). `name` (the command's NAME)
+    names a spec that has no `name:`."""
     if spec_file is not None:
-        return load_spec(spec_file)
+        return load_spec(spec_file, unnamed=name)
     if lockfile is None:
         return load_spec(default_spec())
+    import yaml
+
     sources: list = []
     try:
-        import yaml
-
         sources = (yaml.safe_load(Path(lockfile).read_text()) or {}).get("metadata", {}).get("sources") or []
-    except (OSError, ValueError, AttributeError):
-        pass
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        pass  # the lock's own reader says what is wrong with it
     for source in sources:
         candidate = Path(lockfile).absolute().parent / str(source)
         if candidate.name.endswith((".yml", ".yaml")) and candidate.is_file():
-            return load_spec(candidate)
+            return load_spec(candidate, unnamed=name)
     return None
 
 
@@ -165,6 +174,7 @@ def main(**opts) -> None:
     if len(actions) > 1:
         raise click.UsageError(f"{' and '.join(actions)} are separate steps: give one per command")
     request = JsonRequest(stdout=opts["as_json"], file=opts["json_file"])
+    request.capture_stdout()  # pip's and the installers' output goes to stderr: stdout is the object alone
     progress = Progress(enabled=not opts["quiet"])
     try:
         summary = _dispatch(opts, progress)
@@ -184,7 +194,8 @@ def main(**opts) -> None:
     line = summary.pop("_line")
     if not request.stdout:
         click.echo(f"provision: {line}")
-    request.emit(outcome(0, summary))
+    if not request.emit(outcome(0, summary)):
+        sys.exit(1)
 
 
 def _dispatch(opts: dict, progress: Progress) -> dict:
@@ -199,7 +210,7 @@ def _dispatch(opts: dict, progress: Progress) -> dict:
 
 def _spec_name_or_none(opts: dict) -> str | None:
     try:
-        spec = _spec_for(opts["spec_file"], opts["lockfile"])
+        spec = _spec_for(opts["spec_file"], opts["lockfile"], opts["name"])
     except (SpecError, OSError):
         return None
     return spec.name if spec else None
@@ -207,7 +218,9 @@ def _spec_name_or_none(opts: dict) -> str | None:
 
 def _dispatch_named(opts: dict, progress: Progress) -> dict:
     name, lockfile = opts["name"], opts["lockfile"]
-    spec = _spec_for(opts["spec_file"], lockfile)
+    if name is not None and not valid_env_name(name):
+        raise SpecError(f"env name {name!r}: use letters, digits, . _ - only, the first a letter or digit")
+    spec = _spec_for(opts["spec_file"], lockfile, name)
     if spec is not None:
         check_env_name(spec, name)
     if spec is None and not name:
@@ -235,7 +248,10 @@ def _dispatch_named(opts: dict, progress: Progress) -> dict:
             pip_index=opts["pip_index"] or PYPI_INDEX,
             log=progress,
         )
-        return {**summary, "_line": f"wrote {lock_path}; install it with `bin/provision {spec.name}`"}
+        return {
+            **summary,
+            "_line": f"wrote {lock_path}; install it with `{provision_command(spec, lock_path)}`",
+        }
     if len(channels) > 1:
         raise ProvisionError("install takes one --channel (the mirror holding the locked package files)")
     platform = opts["platform_name"] or current_platform()

@@ -20,7 +20,7 @@ import yaml
 
 from provision import vpkgs
 from provision.lockfile import CUSTOM_VPKGS, LockError, LockFile, read_lock
-from provision.spec import EnvSpec
+from provision.spec import EnvSpec, provision_command
 from provision.vpkgs import VirtualPackages, spec_document
 
 # Where the virtual packages of a content hash come from: bin/provision's record, a
@@ -110,13 +110,17 @@ def check_lock(
     matches `spec` by conda-lock's content-hash rule (drift). `spec` None: no environment.yml at hand,
     the lock installs with a warning that drift cannot be checked."""
     lock = read_lock(lock_path)
-    name = spec.name if spec is not None else "NAME"
-    relock = f"relock with `bin/provision {name} --relock`" + (f" (file {spec.path})" if spec else "")
-    if platform not in lock.platforms or platform not in lock.content_hash:
+    if spec is not None:
+        relock = f"relock with `{provision_command(spec, lock_path, '--relock')}`"
+    else:
+        relock = f"relock with `bin/provision NAME -f ENVIRONMENT.YML --lockfile {lock_path} --relock`"
+    if platform not in lock.platforms:
         raise LockError(
             f"{lock_path} has no packages for platform {platform} (it has "
             f"{', '.join(lock.platforms) or 'none'}); add {platform} to `platforms:` and {relock}"
         )
+    if platform not in lock.content_hash:
+        raise LockError(f"{lock_path}: metadata.content_hash has no entry for {platform}; {relock}")
     both = lock.owner_conflicts(platform)
     if both:
         raise LockError(

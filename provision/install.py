@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -108,16 +108,26 @@ def _link_conda(records: list, gen: Path, installer: str, cache_dir: Path, progr
         cache = rattler.PackageCache.new_layered(
             [cache_dir / "pkgs"], validation_mode=rattler.ValidationMode.fast()
         )
-        run_async(
-            rattler.install(
-                records,
-                target_prefix=gen,
-                package_cache=cache,
-                show_progress=False,
-                reporter=_LinkReporter(progress, len(records)),  # type: ignore[arg-type]  # duck-typed
-                execute_link_scripts=False,
+        from rattler.exceptions import InstallerError, IoError, LinkError, TransactionError
+
+        try:
+            run_async(
+                rattler.install(
+                    records,
+                    target_prefix=gen,
+                    package_cache=cache,
+                    show_progress=False,
+                    reporter=_LinkReporter(progress, len(records)),  # type: ignore[arg-type]  # duck-typed
+                    execute_link_scripts=False,
+                )
             )
-        )
+        except (InstallerError, IoError, LinkError, TransactionError) as exc:  # e.g. the disk is full
+            causes = [" ".join(part.split()) for part in str(exc).split("Caused by:")]
+            said = causes[0] if len(causes) == 1 else f"{causes[0]}: {causes[-1]}"  # what, and the root cause
+            raise ProvisionError(
+                f"linking the conda packages into {gen} failed: {said}; fix that (free space under "
+                f"{gen.parent.parent}, its permissions) and run the same command again"
+            ) from None
         return
     exe = shutil.which(installer)
     if exe is None:
@@ -185,9 +195,28 @@ def _pip_install(
             )
     for local in p.projects:
         progress(f"pip: installing {local} (--no-deps, its own step: not part of the lock)")
-        if subprocess.run(base + ["--no-build-isolation", "--no-index", str(local)], env=env).returncode != 0:
+        with _build_litter_removed(local):
+            done = subprocess.run(base + ["--no-build-isolation", "--no-index", str(local)], env=env)
+        if done.returncode != 0:
             raise ProvisionError(f"pip install of {local} failed (output above); the env is untouched")
     return [{"name": d.name, "version": d.version, "sha256": d.sha256} for d in entries]
+
+
+@contextlib.contextmanager
+def _build_litter_removed(project: Path) -> Iterator[None]:
+    """setuptools builds a local project in its own tree: build/ and *.egg-info appear in the checkout (and a
+    build/ left there would put modules since removed into the next install). What the install made there
+    is removed after it; what was there before is left as it was."""
+
+    def litter() -> set[Path]:
+        return {project / "build", *project.glob("*.egg-info")} if project.is_dir() else set()
+
+    before = {path for path in litter() if path.exists()}
+    try:
+        yield
+    finally:
+        for path in litter() - before:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str, seconds: float) -> None:

@@ -64,13 +64,17 @@ class JsonRequest:
         self._real_stdout = os.dup(1)
         os.dup2(2, 1)
 
-    def emit(self, outcome: dict[str, Any]) -> None:
+    def emit(self, outcome: dict[str, Any]) -> bool:
+        """Write the object where asked; False when --json-file could not be written (said on stderr):
+        the command then must not exit 0, the output it was asked for being missing."""
         text = json.dumps(outcome, indent=1, sort_keys=True, default=str) + "\n"
+        written = True
         if self.file is not None:
             try:
                 write_atomic(self.file, text)
             except OSError as exc:
                 print(f"could not write --json-file {self.file}: {exc}", file=sys.stderr)
+                written = False
         if self.stdout:
             sys.stdout.flush()
             fd = self._real_stdout if self._real_stdout is not None else 1
@@ -79,6 +83,7 @@ class JsonRequest:
                 os.dup2(self._real_stdout, 1)
                 os.close(self._real_stdout)
                 self._real_stdout = None
+        return written
 
 
 def outcome(exit_code: int, body: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:

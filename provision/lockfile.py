@@ -122,6 +122,15 @@ def _load(path: Path) -> tuple[bytes, dict[str, Any]]:
     return raw, data
 
 
+def _typed(path: Path, key: str, value: Any, kind: type, what: str) -> Any:
+    """`value` (None: an empty `kind`), or a LockError naming the key when it is not a `kind`."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise LockError(f"{path}: {key} must be {what}, not {type(value).__name__} {value!r:.60}; relock")
+    return value
+
+
 def _entry(path: Path, index: int, raw: Any, platforms: list[str]) -> LockedPackage:
     where = f"{path}: package[{index}]"
     if not isinstance(raw, dict):
@@ -139,7 +148,7 @@ def _entry(path: Path, index: int, raw: Any, platforms: list[str]) -> LockedPack
             f"{where}: platform {platform!r} is not one of metadata.platforms {platforms}; the lock is "
             f"inconsistent: relock"
         )
-    hashes = raw.get("hash") or {}
+    hashes = _typed(path, f"package[{index}] ({name}) hash", raw.get("hash"), dict, "a mapping (md5, sha256)")
     md5, sha256 = hashes.get("md5"), hashes.get("sha256")
     if not raw.get("url") or not isinstance(name, str) or raw.get("version") is None:
         raise LockError(f"{where}: needs name, version and url")
@@ -149,6 +158,8 @@ def _entry(path: Path, index: int, raw: Any, platforms: list[str]) -> LockedPack
         raise LockError(f"{where}: a pip entry needs hash.sha256; relock")
     category = raw.get("category", "main")
     categories = raw.get("categories") or [category]
+    if isinstance(categories, str) or not isinstance(categories, list):  # "main" would be m, a, i, n
+        raise LockError(f"{where}: categories must be a list (e.g. [main]), not {categories!r:.60}; relock")
     return LockedPackage(
         name=name,
         version=str(raw["version"]),
@@ -190,7 +201,7 @@ def _recorded_vpkgs(path: Path, custom: dict[str, Any], platforms: list[str]) ->
         if all(str(k).startswith("__") for k in data):
             return {platforms[0]: VirtualPackages.from_dict(data)}
         return {str(p): VirtualPackages.from_dict(v) for p, v in data.items()}
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise LockError(
             f"{path}: metadata.custom_metadata.{CUSTOM_VPKGS} is not readable ({exc}); remove the key "
             f"or relock with `bin/provision NAME --relock`"
@@ -201,12 +212,17 @@ def read_lock(path: Path | str) -> LockFile:
     path = Path(path)
     raw, data = _load(path)
     meta = data["metadata"]
-    platforms = [str(p) for p in meta.get("platforms") or []]
+    listed = _typed(path, "metadata.platforms", meta.get("platforms"), list, "a list (e.g. [linux-64])")
+    platforms = [str(p) for p in listed]
     if not platforms:
         raise LockError(f"{path}: metadata.platforms is empty; relock")
-    custom = meta.get("custom_metadata") or {}
-    entries = [_entry(path, i, p, platforms) for i, p in enumerate(data.get("package") or [])]
-    inputs = meta.get("inputs_metadata") or {}
+    custom = _typed(path, "metadata.custom_metadata", meta.get("custom_metadata"), dict, "a mapping")
+    packages = _typed(path, "package", data.get("package"), list, "a list of packages")
+    entries = [_entry(path, i, p, platforms) for i, p in enumerate(packages)]
+    inputs = _typed(path, "metadata.inputs_metadata", meta.get("inputs_metadata"), dict, "a mapping")
+    hashes = _typed(
+        path, "metadata.content_hash", meta.get("content_hash"), dict, "a mapping {platform: hash}"
+    )
     try:
         dropped = json.loads(custom.get(CUSTOM_DROPPED) or "{}")
     except ValueError:
@@ -215,7 +231,7 @@ def read_lock(path: Path | str) -> LockFile:
         path=path,
         sha256=hashlib.sha256(raw).hexdigest(),
         platforms=platforms,
-        content_hash={str(k): str(v) for k, v in (meta.get("content_hash") or {}).items()},
+        content_hash={str(k): str(v) for k, v in hashes.items()},
         inputs_sha256=frozenset(str(i.get("sha256")) for i in inputs.values() if isinstance(i, dict)),
         recorded=_recorded_vpkgs(path, custom, platforms),
         dropped=dropped if isinstance(dropped, dict) else {},

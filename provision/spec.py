@@ -23,7 +23,7 @@ import yaml
 
 from provision.activation import COMPUTED_VARIABLES
 from provision.envvars import EnvVar, EnvVarsError, validate
-from provision.paths import repo_root
+from provision.paths import RepoRootError, repo_root
 
 _LOCAL_PIP = re.compile(r"^(\.{1,2}(/.*)?|/.*|file:.*)$")
 _KNOWN_KEYS = {"name", "channels", "dependencies", "variables", "platforms", "prefix"}
@@ -122,7 +122,12 @@ def _load_yaml(path: Path, text: str) -> dict:
 
 def _dependencies(path: Path, data: dict) -> tuple[list[str], list[str], list[Path]]:
     conda, pip, pip_local = [], [], []
-    for dep in data.get("dependencies") or []:
+    listed = data.get("dependencies") or []
+    if not isinstance(listed, list):  # a string would be read letter by letter
+        raise SpecError(
+            f"{path}: `dependencies:` must be a list (one `- package` per line), not {listed!r:.60}"
+        )
+    for dep in listed:
         if isinstance(dep, str):
             conda.append(dep.strip())
         elif isinstance(dep, dict) and set(dep) == {"pip"} and isinstance(dep["pip"], list):
@@ -151,21 +156,27 @@ def _platforms(path: Path, data: dict) -> list[str]:
     return list(platforms)
 
 
-def load_spec(path: Path | str | None = None) -> EnvSpec:
+def load_spec(path: Path | str | None = None, unnamed: str | None = None) -> EnvSpec:
+    """The spec at `path` (default: this checkout's). `unnamed`: the env name to use when the file has no
+    `name:` (conda-lock's own environment.yml need not have one; bin/provision's NAME then names it)."""
     path = Path(path if path is not None else default_spec()).absolute()
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{path}: no such spec file; pass --file PATH to an environment.yml") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     data = _load_yaml(path, select_lines(path, text, None))
     unknown = set(data) - _KNOWN_KEYS
     if unknown:
         raise SpecError(f"{path}: unknown top-level keys {sorted(unknown)}; allowed: {sorted(_KNOWN_KEYS)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+    name = data.get("name", unnamed)
+    if name is None:
+        raise SpecError(f"{path}: no `name:`; add `name: ENV`, or give the env's NAME on the command line")
+    if not valid_env_name(name):
         raise SpecError(f"{path}: `name:` must be an env name (letters, digits, . _ -), got {name!r}")
     channels = data.get("channels") or []
-    if not channels or not all(isinstance(c, str) for c in channels):
+    if not isinstance(channels, list) or not channels or not all(isinstance(c, str) for c in channels):
         raise SpecError(f"{path}: `channels:` must list at least one channel, e.g. [conda-forge]")
     platforms = _platforms(path, data)
     selected = {}
@@ -187,6 +198,28 @@ def load_spec(path: Path | str | None = None) -> EnvSpec:
     spec = EnvSpec(path, name, list(channels), conda, pip, pip_local, variables, platforms, selected)
     spec.variable_entries()  # validates the variables now, naming the file
     return spec
+
+
+def provision_command(spec: EnvSpec, lock_path: Path, *flags: str) -> str:
+    """`bin/provision NAME [-f SPEC] [--lockfile LOCK] FLAGS` for `spec` and `lock_path`, runnable as written
+    from anywhere: -f unless the spec is this checkout's, --lockfile unless the lock is conda-lock.yml beside
+    the spec (what bin/provision reads without them)."""
+    try:
+        default: Path | None = default_spec()
+    except RepoRootError:
+        default = None
+    words = ["bin/provision", spec.name]
+    if default is None or spec.path.absolute() != default.absolute():
+        words += ["-f", str(spec.path)]
+    if Path(lock_path).absolute() != (spec.path.parent / "conda-lock.yml").absolute():
+        words += ["--lockfile", str(lock_path)]
+    return " ".join([*words, *flags])
+
+
+def valid_env_name(name: object) -> bool:
+    """An env name conda accepts and a path and PATH entry cannot misread: letters, digits, . _ -, the first
+    a letter or digit (no `/`, `..`, `:` or space)."""
+    return isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) is not None
 
 
 def check_env_name(spec: EnvSpec, name: str | None) -> None:

@@ -279,3 +279,112 @@ def test_a_name_in_both_parts_is_refused_naming_it(tmp_path, tiny_channel):
     proc = run_cli(["tiny-env", "-f", str(spec), "--lockfile", str(lock)], tmp_path)
     assert proc.returncode == 2
     assert "locks beta in both the conda and the pip part" in proc.stderr and "--relock" in proc.stderr
+
+
+def _lock_edit(data: dict, case: str) -> None:
+    alpha = next(p for p in data["package"] if p["name"] == "alpha")
+    if case == "hash":
+        alpha["hash"] = "abc"
+    elif case == "categories":
+        alpha["categories"] = "main"  # a string: read letter by letter, alpha would be skipped
+    elif case == "content_hash":
+        data["metadata"]["content_hash"] = ["x"]
+    elif case == "custom_metadata":
+        data["metadata"]["custom_metadata"] = "x"
+    elif case == "platforms":
+        data["metadata"]["platforms"] = "linux-64"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    "case, key",
+    [
+        ("hash", "package[0] (alpha) hash must be a mapping"),
+        ("categories", "(alpha): categories must be a list"),
+        ("content_hash", "metadata.content_hash must be a mapping"),
+        ("custom_metadata", "metadata.custom_metadata must be a mapping"),
+        ("platforms", "metadata.platforms must be a list"),
+        ("yaml", "malformed YAML"),
+    ],
+)
+def test_a_lock_with_a_wrong_typed_key_is_one_line_naming_it(tmp_path, tiny_channel, case, key):
+    """Found by a review: each of these was an AttributeError traceback (exit 1), or (categories) an env
+    installed without the package; the malformed YAML one only when the lock came without --file."""
+    _, lock = make_project(tmp_path, tiny_channel)
+    data = yaml.safe_load(lock.read_text())
+    data["package"] = sorted(data["package"], key=lambda p: p["name"] != "alpha")
+    _lock_edit(data, case)
+    lock.write_text(yaml.safe_dump(data) + ("oops: [\n" if case == "yaml" else ""))
+    proc = run_cli(["tiny-env", "--lockfile", str(lock), "--json"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert key in proc.stderr and str(lock) in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is False
+    assert not (tmp_path / "envs" / "tiny-env").exists()
+
+
+@pytest.mark.fast
+def test_a_spec_and_a_name_that_cannot_be_used_are_refused_and_a_nameless_spec_takes_the_name(
+    tmp_path, tiny_channel
+):
+    spec, lock = make_project(tmp_path, tiny_channel)
+    text = spec.read_text()
+    bad = {
+        "latin1.yml": (text.encode() + b"# caf\xe9\n", "not UTF-8 text"),
+        "string-deps.yml": (
+            text.split("dependencies:")[0].encode() + b"dependencies: alpha\n",
+            "must be a list",
+        ),
+    }
+    for name, (body, line) in bad.items():
+        path = spec.parent / name
+        path.write_bytes(body)
+        proc = run_cli(["tiny-env", "-f", str(path), "--lockfile", str(lock)], tmp_path)
+        assert proc.returncode == 2 and line in proc.stderr and str(path) in proc.stderr, proc.stderr
+    for name in ("../escaped", "a/b", "x:y", "a b"):  # no spec at hand: the NAME alone names the folder
+        alone = tmp_path / "alone"
+        alone.mkdir(exist_ok=True)
+        shutil.copy(lock, alone / "conda-lock.yml")
+        proc = run_cli([name, "--lockfile", str(alone / "conda-lock.yml")], tmp_path)
+        assert proc.returncode == 2 and "env name" in proc.stderr, (name, proc.stderr)
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "envs").exists()
+    spec.write_text(text.replace("name: tiny-env\n", ""))  # conda-lock's environment.yml need not name it
+    proc = run_cli(["tiny-env", "--lockfile", str(lock), "-q"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert prefixes.completeness(tmp_path / "envs" / "tiny-env") == (True, "")
+    unnamed = run_cli(["--lockfile", str(lock)], tmp_path)
+    assert unnamed.returncode == 2 and "no `name:`" in unnamed.stderr, unnamed.stderr
+
+
+@pytest.mark.fast
+def test_a_json_file_that_cannot_be_written_is_not_exit_0(tmp_path, tiny_channel):
+    spec, lock = make_project(tmp_path, tiny_channel)
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    proc = run_cli(
+        ["tiny-env", "-f", str(spec), "--lockfile", str(lock), "--json-file", str(folder)], tmp_path
+    )
+    assert proc.returncode == 1 and f"could not write --json-file {folder}" in proc.stderr, proc.stderr
+
+
+@pytest.mark.fast
+def test_a_full_disk_while_linking_is_one_line_and_no_env(tmp_path, tiny_channel):
+    """The env's folder on a 64 KiB tmpfs (a mount namespace of its own, root): rattler's link error was a
+    traceback (exit 1); it is one line naming the env's folder, exit 2, and nothing counts as the env."""
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.fail("needs root and `unshare -m` (this suite's hosts have both)")
+    bulk = {f"share/bulk/f{i}.txt": b"x" * 8192 for i in range(32)}  # 256 KiB
+    make_package(tiny_channel / "noarch", "bulk", "1.0", bulk, noarch="generic")
+    index_channel(tiny_channel)
+    spec = tmp_path / "project" / "environment.yml"
+    spec.parent.mkdir(parents=True)
+    spec.write_text(f"name: full-env\nchannels:\n  - {tiny_channel.as_uri()}\ndependencies:\n  - bulk\n")
+    write_conda_lock_style(spec, tiny_channel, spec.parent / "conda-lock.yml")
+    small = tmp_path / "small"
+    small.mkdir()
+    env = {**os.environ, "LINGBOT_PKGS_DIR": str(tmp_path / "cache")}
+    script = f'mount -t tmpfs -o size=64k tmpfs {small} && exec "$@"'
+    argv = [sys.executable, "-m", "provision.cli", "-f", str(spec), "--prefix", str(small / "env")]
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "linking the conda packages into" in proc.stderr and "No space left on device" in proc.stderr

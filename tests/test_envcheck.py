@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -207,6 +208,7 @@ def test_only_runs_the_named_checks_and_what_they_need(tmp_path):
     for bad, said in (
         (["--only", "compile.nope"], "compile.triton_build"),
         (["--only", "env.*", "--fast"], "not both"),
+        (["--only", ","], "--only needs a check's name"),  # not the whole proof
     ):
         proc = subprocess.run([*ENVCHECK, "--prefix", gone, *bad], cwd=REPO, capture_output=True, text=True,
                               timeout=120)  # fmt: skip
@@ -266,6 +268,47 @@ def test_probes_get_private_empty_caches_and_remove_them(tmp_path):
     for name, path in run.result["dirs"].items():
         assert path != str(warm[name]) and run.result["contents"][name] == []
         assert not os.path.exists(path)
+
+
+@pytest.mark.fast
+def test_sigterm_ends_the_running_probe_at_once_and_leaves_nothing_behind(tmp_path):
+    """A Slurm time limit or scancel while a compile row runs: bin/envcheck ends the probe's process group,
+    removes its scratch dirs and exits 143 with one line (and the JSON error). Found by a review: it waited
+    for the compile, then died leaving /tmp/envcheck-run-* (148 MB) and an orphaned probe compiling on."""
+    from tests.support.channel import make_package
+
+    channel = tmp_path / "channel"
+    make_package(channel / "noarch", "hello", "1.0", {"share/hello.txt": b"hi\n"}, noarch="generic")
+    index_channel(channel)
+    spec = tmp_path / "project" / "environment.yml"
+    spec.parent.mkdir()
+    spec.write_text(f"name: stop-env\nchannels:\n  - {channel.as_uri()}\ndependencies:\n  - hello\n")
+    env = {
+        **os.environ,
+        "CONDA_ENVS_PATH": str(tmp_path / "envs"),
+        "LINGBOT_PKGS_DIR": str(tmp_path / "cache"),
+    }
+    for args in (["--relock"], []):
+        subprocess.run([sys.executable, "-m", "provision.cli", "-f", str(spec), "-q", *args], env=env,
+                       cwd=REPO, check=True, capture_output=True, timeout=300)  # fmt: skip
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    argv = [*ENVCHECK, "--env", "stop-env", "--only", "compile.inductor_cpp", "--json"]
+    proc = subprocess.Popen(argv, env={**env, "TMPDIR": str(scratch)}, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        while proc.poll() is None and not list(scratch.glob("envcheck-inductor_cpp-*/envcheck_probe_*.py")):
+            threading.Event().wait(0.05)  # the probe's script is written just before it starts
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "envcheck: stopped by SIGTERM before every check ran" in err
+    assert json.loads(out)["ok"] is False and "stopped by SIGTERM" in json.loads(out)["error"]
+    assert sorted(scratch.iterdir()) == []
+    probe = subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True)
+    assert probe.stdout == "", probe.stdout  # no probe process left
 
 
 @pytest.mark.fast

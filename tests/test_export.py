@@ -114,6 +114,7 @@ def test_export_then_install_from_it_with_nothing_reachable(project, tmp_path):
         ["offline-env", "-f", str(spec), "--from", str(out), "--json"], tmp_path, no_network=True
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
+    assert json.loads(installed.stdout)["ok"]  # pip's own lines went to stderr: stdout is the object alone
     prefix = tmp_path / "envs" / "offline-env"
     assert prefixes.completeness(prefix) == (True, "")
     got = subprocess.run(

@@ -4,6 +4,7 @@ the spec's local project path (--no-build-isolation, --no-index)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -123,7 +124,10 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
     assert {d.name for d in lock.package if d.manager == "conda"} >= {"python", "pip", "setuptools"}
 
     install = ["-f", str(spec), "--channel", str(python_channel), "--pip-find-links", str(wheels), "-q"]
-    run_cli(install, tmp_path)
+    done = run_cli([*install, "--json"], tmp_path)
+    assert json.loads(done.stdout)["ok"]  # pip's lines went to stderr: stdout is the object alone
+    # setuptools built the project in its tree; what that left there (build/, *.egg-info) is gone again
+    assert sorted(p.name for p in tiny.iterdir()) == ["pyproject.toml", "tinyproject.py"]
     prefix = tmp_path / "envs" / ENV_NAME
     ok, reason = prefixes.completeness(prefix)
     assert ok, reason

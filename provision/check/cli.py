@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +27,39 @@ def only_patterns(given: tuple[str, ...]) -> list[str]:
     """--only's values (repeatable, comma-separated), each matching at least one check's name."""
     names = [spec.name for spec in TABLE]
     patterns = [p.strip() for value in given for p in value.split(",") if p.strip()]
+    if given and not patterns:  # `--only ''` must not widen to the whole proof
+        raise click.UsageError("--only needs a check's name (e.g. --only compile.cpp_extension)")
     for pattern in patterns:
         if not fnmatch.filter(names, pattern):
             raise click.UsageError(
                 f"--only {pattern}: no check has that name (the checks: {', '.join(names)})"
             )
     return patterns
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived while the checks ran (a Slurm time limit, scancel, Ctrl-C)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM/SIGINT: every running probe's process group is ended at once (provision.probes.stop_all) and
+    Stopped is raised in the main thread, so the run's scratch dirs are removed and it exits 128 + signal,
+    not after the slowest compile and not leaving /tmp/envcheck-* behind. A second signal only stops."""
+
+    def stop(signum: int, _frame: object) -> None:
+        from provision.probes import stop_all
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop_all())
+        stop_all()
+        raise Stopped(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
 
 
 def _lock_dirs(prefix: Path, lockfile: Path | None) -> list[Path]:
@@ -225,24 +253,34 @@ def main(
     def progress(line: str) -> None:
         print(f"envcheck: {line}", file=sys.stderr, flush=True)
 
-    report = run_checks(
-        target,
-        worker=worker,
-        fast=fast,
-        only=only,
-        lockfile=lockfile,
-        mountinfo=mountinfo,
-        progress=progress,
-        chosen_by=chosen_by,
-    )
+    _stop_on_signals()
+    try:
+        report = run_checks(
+            target,
+            worker=worker,
+            fast=fast,
+            only=only,
+            lockfile=lockfile,
+            mountinfo=mountinfo,
+            progress=progress,
+            chosen_by=chosen_by,
+        )
+    except Stopped as stopped:
+        code = 128 + stopped.signum
+        said = f"stopped by {stopped} before every check ran: nothing is proven; run it again"
+        click.echo(f"envcheck: {said}", err=True)
+        JsonRequest(stdout=as_json, file=Path(json_file) if json_file else None).emit(
+            outcome(code, error=said)
+        )
+        sys.exit(code)
     print(report.render(), end="", file=text_stream, flush=True)
     code = 0 if report.ok else 1
     if json_file:
         Path(json_file).parent.mkdir(parents=True, exist_ok=True)
-    JsonRequest(stdout=as_json, file=Path(json_file) if json_file else None).emit(
+    written = JsonRequest(stdout=as_json, file=Path(json_file) if json_file else None).emit(
         outcome(code, report.to_dict())
     )
-    sys.exit(code)
+    sys.exit(code if written else max(code, 1))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ def run_probe(
         shutil.copyfile(SCRIPTS / "common.py", scratch / f"{COMMON_MODULE}.py")
         argv: Sequence[str] = [python, str(script_path), json.dumps(args or {})]
         start = time.perf_counter()
+        if _STOPPING.is_set():
+            return ProbeRun(name, None, {"ok": False, "error": "not run: envcheck was stopped"}, 0.0, "", "")
         try:
             proc = subprocess.Popen(
                 argv,
@@ -131,12 +134,18 @@ def run_probe(
             )
         except OSError as exc:
             return ProbeRun(name, None, {"ok": False, "error": f"cannot run {python}: {exc}"}, 0.0, "", "")
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+        if _STOPPING.is_set():  # stop_all ran between the check above and the registration
+            _kill_group(proc)
         try:
             stdout, stderr, timed_out = _communicate(
                 proc, timeout, progress, heartbeat_s, f"{name}: {activity}", start
             )
         finally:
             _kill_group(proc)  # nothing of the probe outlives it (a timeout, a signal, an exception)
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
         seconds = time.perf_counter() - start
         return ProbeRun(
             name,
@@ -150,6 +159,20 @@ def run_probe(
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+_LIVE: set[subprocess.Popen] = set()  # the probes running now, in any thread
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def stop_all() -> None:
+    """End every running probe's process group now and start no new one (bin/envcheck on SIGTERM/SIGINT:
+    the threads waiting on probes return at once, so their scratch dirs are removed before it exits)."""
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        for proc in list(_LIVE):
+            _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -208,7 +208,8 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
         print(f"evaluate: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         request.emit(outcome(EXIT_FAILED, error=f"{type(exc).__name__}: {exc}"))
         sys.exit(EXIT_FAILED)
-    request.emit(outcome(code, result))
+    if not request.emit(outcome(code, result)):
+        code = code or EXIT_FAILED  # the --json-file asked for is missing (said on stderr): never 0
     sys.exit(code)
 
 

@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _launch(argv, known)
     except UsageError as exc:
         known.report, code = {"error": exc.message}, EXIT_USAGE
-    if request.wanted:
-        request.emit(outcome(code, known.report if known.report is not None else _summary_of(known)))
-    return code
+    body = (known.report if known.report is not None else _summary_of(known)) if request.wanted else {}
+    written = not request.wanted or request.emit(outcome(code, body))
+    return code if written else code or 1  # a --json-file asked for and missing (said on stderr): never 0
 
 
 def _summary_of(known: Known) -> dict[str, Any]:
