@@ -254,6 +254,8 @@ def _dispatch_named(opts: dict, progress: Progress) -> dict:
         }
     if len(channels) > 1:
         raise ProvisionError("install takes one --channel (the mirror holding the locked package files)")
+    if opts["platform_name"] is not None and not opts["platform_name"].strip():
+        raise ProvisionError("--platform needs a conda platform (e.g. linux-64, linux-aarch64), not ''")
     platform = opts["platform_name"] or current_platform()
     if opts["export_dir"] is not None:
         return _export(opts, spec, env_name, lock_path, platform, channels, progress)

@@ -356,8 +356,8 @@ class Context:
             lock = self.lock_path.name
             return f"the env lacks {package}, which {lock} locks: {self.provision_fix()}"
         return (
-            f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.spec_name} "
-            f"--relock), provision (bin/provision {self.spec_name})"
+            f"the env lacks {package}: add it to environment.yml, relock (bin/provision {self.spec_name}"
+            f"{self._spec_flag()} --relock), then {self.provision_fix()}"
         )
 
 
