@@ -284,8 +284,19 @@ class Sources:
 
 
 def _claim_target(target: Path) -> None:
-    """The env name must be ours (a symlink to a generation) or free; an empty directory is taken."""
-    if target.exists() and not target.is_symlink():
+    """The env name must be ours (a symlink to a generation) or free; an empty directory is taken. A link
+    the user made (e.g. to an env on scratch), dangling or not, is never repointed."""
+    if target.is_symlink():
+        points = Path(os.readlink(target))
+        ours = generations_dir(target)
+        at = points if points.is_absolute() else target.parent / points
+        if os.path.realpath(at.parent) != os.path.realpath(ours):
+            raise ProvisionError(
+                f"{target} is a symlink to {points} that bin/provision did not make (its envs link into "
+                f"{ours}); remove the link (rm {target}) or choose another --prefix"
+            )
+        return
+    if target.exists():
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
         else:

@@ -356,6 +356,28 @@ def test_a_spec_and_a_name_that_cannot_be_used_are_refused_and_a_nameless_spec_t
 
 
 @pytest.mark.fast
+def test_a_symlink_the_user_made_at_the_env_path_is_never_repointed(tmp_path, tiny_channel):
+    spec, lock = make_project(tmp_path, tiny_channel)
+    for name, points_to in (("linked", tmp_path / "elsewhere"), ("dangling", tmp_path / "gone")):
+        (tmp_path / "elsewhere").mkdir(exist_ok=True)
+        link = tmp_path / name
+        link.symlink_to(points_to)
+        proc = run_cli(
+            ["tiny-env", "-f", str(spec), "--lockfile", str(lock), "--prefix", str(link)], tmp_path
+        )
+        assert proc.returncode == 2 and "a symlink to" in proc.stderr and f"rm {link}" in proc.stderr, (
+            proc.stderr
+        )
+        assert os.readlink(link) == str(points_to)
+    ours = tmp_path / "ours"  # bin/provision's own link is updated as before (a re-provision is a no-op)
+    for _ in range(2):
+        proc = run_cli(
+            ["tiny-env", "-f", str(spec), "--lockfile", str(lock), "--prefix", str(ours)], tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.fast
 def test_a_json_file_that_cannot_be_written_is_not_exit_0(tmp_path, tiny_channel):
     spec, lock = make_project(tmp_path, tiny_channel)
     folder = tmp_path / "a-folder"
