@@ -89,7 +89,8 @@ def test_the_launcher_refuses_each_bad_value_first_with_exit_2_and_writes_nothin
 @pytest.mark.parametrize(
     "item, shown",
     [("train.lr=-1", "train.lr=-1.0"), ("recipe.video_shift=-5", "recipe.video_shift=-5.0"),
-     ("data.cameras=[nope]", "data.cameras=['nope']")],
+     ("data.cameras=[nope]", "data.cameras=['nope']"), ("train.lr=inf", "train.lr=inf"),
+     ("recipe.video_shift=inf", "recipe.video_shift=inf")],
 )  # fmt: skip
 def test_the_values_of_the_report_are_refused_with_key_value_and_allowed(item, shown, tmp_path, capsys):
     assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), "--set", item]) == 2

@@ -139,6 +139,24 @@ def test_bad_set_is_a_usage_error_and_writes_nothing(tmp_path, capsys, item, mes
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--run-dir", ""], "argument --run-dir: is empty"),  # was: the run trained in the working dir
+        (["--master-port", "99999"], "is not a TCP port"),  # was: torchrun's hidden ValueError, exit 1
+        (["--sbatch", "-", "--time", "abc"], "is not a Slurm time"),  # was: #SBATCH --time=abc
+        (["--sbatch", "-", "--gpus-per-node", "-3"], "must be 0 or more"),
+    ],
+)
+def test_a_bad_option_value_is_a_usage_error_and_writes_nothing(
+    tmp_path, capsys, monkeypatch, flags, message
+):
+    monkeypatch.chdir(tmp_path)
+    assert launch.main(["furniture_train", "2", *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == []
+
+
 def test_unwritable_run_dir_fails_preflight_and_writes_nothing(tmp_path, capsys, fake_torchrun):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -214,6 +232,45 @@ def test_finished_run_says_so_and_trains_nothing(tmp_path, capsys, fake_torchrun
     assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 0
     assert "run complete" in capsys.readouterr().err
     assert not fake_torchrun.calls
+
+
+def test_a_finished_run_of_other_settings_is_refused_not_called_complete(tmp_path, capsys, fake_torchrun):
+    """Found by a review: a rerun with another depth or seed (or rank count) on a finished run said "run
+    complete" and exited 0; with steps left the same mismatch was refused. Now both are."""
+    run_dir = tmp_path / "run"
+    saved = load_config("furniture_train", cpu_scale=True).to_dict()
+    saved["model"]["depth"] += 1
+    fake_checkpoint(run_dir, 4, saved)
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 3
+    err = capsys.readouterr().err
+    assert "finished another run's settings: model.depth was 5, is now 4" in err, err
+    assert "run complete:" not in err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preflight_failed"
+    assert not fake_torchrun.calls
+
+
+def test_a_damaged_checkpoint_that_cannot_be_moved_aside_refuses_the_launch(
+    tmp_path, capsys, monkeypatch, fake_torchrun
+):
+    """A read-only checkpoints dir: the damaged newest checkpoint was reported "complete" (or resumed from)
+    after "could not check the checkpoints"; now the launch is refused naming it, and nothing moves."""
+    import errno
+
+    from trainer.checkpoint import layout
+
+    run_dir = tmp_path / "run"
+    path = fake_checkpoint(run_dir, 4, load_config("furniture_train", cpu_scale=True).to_dict())
+    with (path / "train_state.json").open("a") as f:
+        f.write(" ")  # its size no longer the marker's
+
+    def read_only(src, dst):
+        raise OSError(errno.EROFS, "Read-only file system", str(src))
+
+    monkeypatch.setattr(layout.os, "replace", read_only)
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 3
+    err = capsys.readouterr().err
+    assert f"{path} is damaged" in err and "could not be moved aside (Read-only file system)" in err, err
+    assert "run complete:" not in err and path.is_dir() and not fake_torchrun.calls
 
 
 # --- env choice and the ranks' environment ------------------------------------------------------------

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.atomic import write_json_atomic
+from provision.atomic import write_atomic, write_json_atomic
 from trainer.config import RunConfig, config_from_dict
 from trainer.outcomes import Hung, known_fields
 
@@ -329,11 +329,18 @@ class Attempt:
             return None
 
     # the stop request
-    def request_stop(self) -> None:
-        self.stop_file.touch()
+    def request_stop(self, why: str = "") -> None:
+        """`why`: what the ranks' records say stopped them (the launcher forwards every stop as SIGUSR1)."""
+        write_atomic(self.stop_file, why)
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
+
+    def stop_reason(self) -> str | None:
+        try:
+            return self.stop_file.read_text().strip() or None
+        except OSError:
+            return None
 
 
 def read_hangs(run_dir: Path) -> list[dict[str, Any]]:

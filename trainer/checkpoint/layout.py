@@ -94,6 +94,10 @@ class Damaged:
     problem: str
 
 
+class DamagedInPlace(OSError):
+    """A damaged checkpoint that could not be moved aside (a read-only checkpoints dir): never used."""
+
+
 def quarantine_damaged(root: Path) -> list[Damaged]:
     """Move aside every damaged checkpoint under `root` (checkpoint_step_N.damaged-<time>): sizes for all
     that carry a marker, sha256 for the newest intact one (the one a resume loads) until one passes."""
@@ -104,7 +108,13 @@ def quarantine_damaged(root: Path) -> list[Damaged]:
 
     def aside(path: Path, step: int, problem: str) -> None:
         target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        os.replace(path, target)
+        try:
+            os.replace(path, target)
+        except OSError as exc:  # left where it is, a damaged checkpoint would be resumed from or counted
+            raise DamagedInPlace(
+                f"{path} is damaged ({problem}) and could not be moved aside ({exc.strerror or exc}); make "
+                f"{root} writable, or move it aside by hand (mv {path} {target}), and run again"
+            ) from None
         moved.append(Damaged(step, str(path), str(target), problem))
 
     for entry in sorted(root.iterdir()):

@@ -9,6 +9,7 @@ BOOL, POSITIVE, NON_NEGATIVE, FRACTION, _one_of(*names)    the rules many fields
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,12 +29,17 @@ class Free:
     why: str
 
 
+def _finite(v: Any) -> bool:
+    """inf passes `> 0` (train.lr=inf ran and diverged at step 2); nan fails every comparison anyway."""
+    return not isinstance(v, float) or math.isfinite(v)
+
+
 def _positive(v: Any, c: Any) -> bool:
-    return bool(v > 0)
+    return _finite(v) and bool(v > 0)
 
 
 def _non_negative(v: Any, c: Any) -> bool:
-    return bool(v >= 0)
+    return _finite(v) and bool(v >= 0)
 
 
 def _fraction(v: Any, c: Any) -> bool:

@@ -11,6 +11,7 @@ bin/train CONFIG NPROC [--env NAME | --prefix P] [--run-dir DIR] [--set key=valu
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = parser.add_mutually_exclusive_group()
     env.add_argument("--env", metavar="NAME", help="a provisioned env under conda's envs dir")
     env.add_argument("--prefix", metavar="P", type=Path, help="a provisioned env by path")
-    parser.add_argument("--run-dir", type=Path, help="default: runs/<config> in the repo")
+    parser.add_argument("--run-dir", type=_folder, help="default: runs/<config> in the repo")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
     )
@@ -60,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nnodes", type=_positive_int, help="default: $SLURM_NNODES, else 1")
     parser.add_argument("--node-rank", type=int, help="default: $SLURM_NODEID, else 0")
     parser.add_argument("--master-addr", help="default: $MASTER_ADDR, else the job's first Slurm node")
-    parser.add_argument("--master-port", type=int, help="default: $MASTER_PORT, else derived from the job id")
+    parser.add_argument("--master-port", type=_port, help="default: $MASTER_PORT, else from the job id")
     parser.add_argument(
         "--no-requeue",
         action="store_true",
@@ -110,7 +111,7 @@ def _add_sbatch_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="print (or write to FILE) a ready sbatch script for this run instead of running it",
     )
-    parser.add_argument("--time", default="24:00:00", help="--sbatch: the job's time limit")
+    parser.add_argument("--time", type=_slurm_time, default="24:00:00", help="--sbatch: the job's time limit")
     parser.add_argument("--partition", help="--sbatch: Slurm partition")
     parser.add_argument("--account", help="--sbatch: Slurm account")
     parser.add_argument(
@@ -118,7 +119,7 @@ def _add_sbatch_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus-per-node",
-        type=int,
+        type=_non_negative_int,
         help="--sbatch: GPUs to request per node (default: NPROC, or none with --cpu-scale; 0: none)",
     )
     parser.add_argument(
@@ -128,6 +129,39 @@ def _add_sbatch_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="--sbatch: seconds before the time limit Slurm sends USR1 (save + requeue); longer than a save",
     )
+
+
+def _folder(text: str) -> Path:
+    if not text.strip():  # Path("") is ".": the run would fill the working directory
+        raise argparse.ArgumentTypeError("is empty (an unset variable?); name the run's folder")
+    return Path(text)
+
+
+# sbatch --time's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit
+_SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE)
+
+
+def _slurm_time(text: str) -> str:
+    if not _SLURM_TIME.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Slurm time (e.g. 24:00:00, 2-00:00:00, 90)")
+    return text.strip()
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _port(text: str) -> int:
+    port = _positive_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return port
 
 
 def _positive_int(text: str) -> int:

@@ -24,7 +24,6 @@ envcheck) -> the attempt directory with the resolved config (config.json) -> tor
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 import signal
@@ -49,14 +48,13 @@ from trainer.attempt import (
     Attempt,
     prune_attempts,
     read_summary,
-    summary_path,
 )
 from trainer.checkpoint.finite import nonfinite_in_checkpoint
-from trainer.checkpoint.layout import quarantine_damaged, resume_conflicts, scan
+from trainer.checkpoint.layout import resume_conflicts, scan
 from trainer.config import CONFIG_DIR, ConfigError, RunConfig, check_config, parse_set, resolve_config
 from trainer.config.released import PretrainedConflict, PretrainedError, apply_pretrained_config
 from trainer.config.standins import check_stand_ins
-from trainer.launcher import early, nodes, simeval, stall, supervise
+from trainer.launcher import early, nodes, rundir_state, simeval, stall, supervise
 from trainer.launcher.cli import UsageError, parse_args
 from trainer.launcher.compile_cache import env_key_name, localise_compile_caches, write_back_compile_caches
 from trainer.launcher.console import say
@@ -73,7 +71,6 @@ from trainer.launcher.summaries import (
     next_run_line,
     preflight_failed,
     report_outcome,
-    settle_finished_run,
     stopped_before_start,
     write_final_summary,
     write_running_summary,
@@ -200,17 +197,15 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     for note in clean_stale_temp_dirs(environ):  # a killed launcher's node-local compile copy
         say(note)
 
-    damaged = _quarantine(run_dir, args, environ)
-    # A finished run stays finished: say so, train nothing.
-    complete, _ = scan(run_dir / "checkpoints")
-    if complete and complete[-1].step >= cfg.train.steps:
-        settle_finished_run(run_dir, cfg, complete[-1], started)
-        say(
-            f"run complete: {complete[-1].path} is step {complete[-1].step} of {cfg.train.steps}; "
-            f"nothing to train (summary: {summary_path(run_dir)}; "
-            "raise train.steps with --set to train further)"
-        )
-        return EXIT_OK
+    node_rank = args.node_rank if args.node_rank is not None else int(environ.get("SLURM_NODEID") or 0)
+    try:
+        damaged = rundir_state.quarantine(run_dir, node_rank)
+        world_size = rendezvous(args, environ).nnodes * args.nproc
+        done = rundir_state.finished(run_dir, cfg, world_size, started)  # a finished run stays finished
+    except PreflightError as exc:
+        return preflight_failed(run_dir, cfg, str(exc), started)
+    if done is not None:
+        return done
 
     try:
         check_run_dir(run_dir)
@@ -231,22 +226,6 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     except (PreflightError, OSError, ValueError) as exc:
         return preflight_failed(run_dir, cfg, str(exc), started)
     return _run(launch, attempt, args, environ, started, known)
-
-
-def _quarantine(run_dir: Path, args: argparse.Namespace, environ: dict[str, str]) -> list[dict[str, Any]]:
-    """Node 0 moves damaged checkpoints aside (never deletes them) and names each; the ranks then resume
-    from the newest intact one."""
-    node_rank = args.node_rank if args.node_rank is not None else int(environ.get("SLURM_NODEID") or 0)
-    if node_rank != 0:
-        return []
-    try:
-        moved = quarantine_damaged(run_dir / "checkpoints")
-    except OSError as exc:
-        say(f"could not check the checkpoints in {run_dir / 'checkpoints'}: {exc}")
-        return []
-    for d in moved:
-        say(f"damaged checkpoint {d.path}: {d.problem}; moved aside to {d.moved_to} (not deleted)")
-    return [dataclasses.asdict(d) for d in moved]
 
 
 def _preflight(

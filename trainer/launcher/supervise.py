@@ -155,7 +155,7 @@ class Torchrun:
         name = signal.Signals(signum).name
         first = not self.signals
         self.signals.append(name)
-        self.attempt.request_stop()
+        self.attempt.request_stop(f"the launcher received {name}")
         if self.stopped_before_ranks or self._stop_if_no_rank_started():
             return  # said once, in the verdict: no rank started, nothing was trained
         if self.proc is None:  # torchrun is being started: the check right after Popen decides, once

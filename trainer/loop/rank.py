@@ -61,6 +61,11 @@ class StopRequest:
         return self.signal_name is not None or (self.attempt is not None and self.attempt.stop_requested())
 
     def reason(self) -> str:
+        """The launcher's signal when it asked (it forwards every stop to the ranks as SIGUSR1, so a SIGTERM
+        to bin/train must not read as a SIGUSR1 in the records), else this rank's own."""
+        asked = self.attempt.stop_reason() if self.attempt is not None else None
+        if asked:
+            return asked
         return f"received {self.signal_name}" if self.signal_name else "the launcher asked to stop"
 
 
