@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,23 @@ def test_a_value_from_the_config_file_is_named_by_its_file(tmp_path, monkeypatch
         load_config("mine", cpu_scale=False)
     with pytest.raises(ConfigError, match=r"mine\.yaml \(cpu_scale\): train\.warmup_steps=-1"):
         load_config("mine", cpu_scale=True, overrides={"train.lr": "1e-3"})
+
+
+def test_a_relative_set_path_is_the_working_directorys_and_a_presets_the_repos(tmp_path, monkeypatch):
+    """docs/data.md: a --set path is the working directory's. data.path and model.pretrained were the repo
+    root's (found by a review: `--set data.path=reldata` generated episodes inside the checkout)."""
+    from provision.paths import repo_root
+
+    monkeypatch.chdir(tmp_path)
+    sets = {"data.path": "reldata", "model.pretrained": "weights/mine", "data.vae_path": "vae"}
+    cfg = load_config("furniture_train", cpu_scale=True, overrides=sets)
+    assert (cfg.data.path, cfg.model.pretrained, cfg.data.vae_path) == tuple(
+        str(tmp_path / v) for v in sets.values()
+    )
+    preset = load_config("furniture_train", cpu_scale=True)
+    assert not Path(preset.data.path).is_absolute()  # the preset's own: resolved against the repo root
+    assert (
+        load_config("furniture_train", cpu_scale=True, overrides={"data.path": "/abs/x"}).data.path
+        == "/abs/x"
+    )
+    assert repo_root() != tmp_path

@@ -171,12 +171,14 @@ def resolve_config(
     if overrides:
         apply_overrides(cfg, overrides, SET, sources)
     _root_preset_paths(cfg, sources)
+    _anchor_set_paths(cfg, sources)
     check(cfg, sources)
     return cfg, sources
 
 
 # Encoder folders a config file names relative (models/lingbot-va-base/vae) are relative to the repo root,
-# as its model.pretrained and data.path are; a --set path is the user's own (the working directory's).
+# as its model.pretrained and data.path are; a --set path is the user's own (the working directory's:
+# _anchor_set_paths).
 ROOTED_PATHS = ("data.vae_path", "data.text_encoder", "data.tokenizer")
 
 
@@ -188,6 +190,18 @@ def _root_preset_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
             from provision.paths import repo_root
 
             setattr(getattr(cfg, section), name, str(repo_root() / value))
+
+
+def _anchor_set_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
+    """A relative --set path is the working directory's, where the user typed it: made absolute here, so
+    the ranks (and a requeued attempt's config.json) read the same folder. Before this, data.path and
+    model.pretrained were taken as the repo root's, a preset's rule, and `--set data.path=reldata` generated
+    its episodes inside the checkout."""
+    for key in ("data.path", "model.pretrained", *ROOTED_PATHS):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value and sources.get(key) == SET and not Path(value).expanduser().is_absolute():
+            setattr(getattr(cfg, section), name, str(Path.cwd() / value))
 
 
 def user_set(source: str | None) -> bool:
