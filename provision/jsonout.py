@@ -95,11 +95,14 @@ def outcome(exit_code: int, body: dict[str, Any] | None = None, **fields: Any) -
     return result
 
 
-def run_click(command: click.Command, prog_name: str, argv: list[str] | None = None) -> NoReturn:
+def run_click(
+    command: click.Command, prog_name: str, argv: list[str] | None = None, legacy_json_file: bool = False
+) -> NoReturn:
     """Run a click command; a usage error is click's text on stderr and, under --json/--json-file, the
-    JSON object {"ok": false, "exit_code": 2, "error": ...}."""
+    JSON object {"ok": false, "exit_code": 2, "error": ...}. `legacy_json_file`: bin/envcheck's old
+    `--json FILE` (only there: `bin/evaluate --json RUN_DIR --bogus` must not write over RUN_DIR)."""
     argv = sys.argv[1:] if argv is None else argv
-    request = JsonRequest.from_argv(argv, legacy_json_file=True)
+    request = JsonRequest.from_argv(argv, legacy_json_file=legacy_json_file)
     try:
         command.main(args=argv, prog_name=prog_name, standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help

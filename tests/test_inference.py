@@ -213,6 +213,37 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
         assert torch.equal(a, b), name
 
 
+def test_a_damaged_or_mismatched_checkpoint_is_one_target_error(tmp_path, model):
+    """Found by a review: a shard that fails its sha256 in COMPLETE was evaluated (NaN scores, exit 0) and
+    served; a checkpoint of another model raised DCP's CheckpointException, a BaseException that `except
+    Exception` let through as a traceback."""
+    import hashlib
+
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = tmp_path / "checkpoint_step_7"
+    ckpt.mkdir()
+    dcp.save({"train": {"model": model.state_dict()}}, checkpoint_id=str(ckpt), no_dist=True)
+    other = model.cfg.to_dict()
+    other["model"]["depth"] += 1
+    (ckpt / "train_state.json").write_text(json.dumps({"step": 7, "config": other}))
+
+    def mark() -> None:
+        files = {p.name: p.stat().st_size for p in ckpt.iterdir() if p.name != "COMPLETE"}
+        digests = {name: hashlib.sha256((ckpt / name).read_bytes()).hexdigest() for name in files}
+        (ckpt / "COMPLETE").write_text(json.dumps({"step": 7, "files": files, "sha256": digests}))
+
+    mark()
+    with pytest.raises(TargetError, match="its model state does not load into the run's model"):
+        load_model(ckpt, None)
+    shard = next(ckpt.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[100:200] = bytes(b ^ 0xFF for b in data[100:200])  # same size: only the sha256 tells
+    shard.write_bytes(bytes(data))
+    with pytest.raises(TargetError, match=f"damaged: {shard.name} does not match its sha256 in COMPLETE"):
+        load_model(ckpt, None)
+
+
 def test_each_episode_is_evaluated_with_its_own_prompt(model):
     """An Episode's prompt_emb (a LeRobot task) replaces the sampler's prompt for that episode only: the
     scores equal a sampler made with that prompt, and differ from the default prompt's."""
@@ -229,3 +260,28 @@ def test_each_episode_is_evaluated_with_its_own_prompt(model):
     made_with.text[0] = task
     assert own == evaluate_open_loop(made_with, eps, ACTION_SLOTS, norm, seed=3)
     assert own != default
+
+
+def test_a_device_this_node_lacks_is_one_target_error_before_anything_loads():
+    from trainer.sampling.load import pick_device
+
+    assert pick_device("cpu").type == "cpu" and pick_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(TargetError, match="--device foo: not a device here"):
+        pick_device("foo")
+    if not torch.cuda.is_available():  # was: torch's AssertionError traceback after the whole model load
+        with pytest.raises(TargetError, match="--device cuda: this node has 0 CUDA GPUs"):
+            pick_device("cuda")
+
+
+def test_the_default_plots_dir_is_the_checkpoints_run_or_the_repos_runs_folder(tmp_path):
+    """Found by a review: a reference-layout folder's plots went to ./evaluation/<name> in the working
+    directory (an untracked folder in the checkout), every export's under the one name `transformer`."""
+    from provision.paths import repo_root
+    from trainer.evaluation.cli import default_plots_dir
+
+    ckpt = tmp_path / "run" / "checkpoints" / "checkpoint_step_4"
+    assert default_plots_dir("checkpoint", ckpt) == tmp_path / "run" / "evaluation" / "checkpoint_step_4"
+    export = tmp_path / "run" / "exports" / "checkpoint_step_4" / "transformer"
+    assert default_plots_dir("reference", export) == repo_root() / "runs" / "evaluation" / "checkpoint_step_4"
+    released = tmp_path / "models" / "lingbot-va-base"
+    assert default_plots_dir("reference", released) == repo_root() / "runs" / "evaluation" / "lingbot-va-base"

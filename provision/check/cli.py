@@ -284,4 +284,4 @@ def main(
 
 
 if __name__ == "__main__":
-    run_click(main, "bin/envcheck")
+    run_click(main, "bin/envcheck", legacy_json_file=True)

@@ -71,18 +71,22 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
 
     from trainer.config import check_config, load_config, parse_set
     from trainer.evaluation.openloop import channel_names, evaluate_open_loop
-    from trainer.sampling.load import load_model, pick_device
+    from trainer.sampling.load import load_model, pick_device, resolve_target
     from trainer.sampling.rundata import load_episodes, make_sampler
 
+    dev = pick_device(device)  # before the load: a node without the device says so at once
+    resolved = resolve_target(target)  # once: the plots go with the checkpoint evaluated, if best moves
+    out = Path(plots_dir) if plots_dir else default_plots_dir(*resolved)
     base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"))
+    model, cfg, what = load_model(
+        target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved
+    )
     if sets:
         from trainer.config import apply_overrides
 
         apply_overrides(cfg, parse_set(list(sets)), "--set")
         check_config(cfg)
     _say(f"evaluate: {what}")
-    dev = pick_device(device)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     data = load_episodes(cfg)
     chosen, banner = held_out(data.names, cfg, episodes)
@@ -94,7 +98,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         sampler, data.select(chosen), data.slots, data.normalizer, seed=seed, traces=traces
     )
     result.update(target=what, infer=cfg.to_dict()["infer"], seed=seed, seconds=time.perf_counter() - start)
-    result["plots"] = write_plots(traces, plots_dir or default_plots_dir(target), channel_names(data.slots))
+    result["plots"] = write_plots(traces, out, channel_names(data.slots))
     o = result["overall"]
     _say(
         f"evaluate: {result['episodes']} episode(s), {o['chunks']} chunks, {o['frames']} predicted frames: "
@@ -119,20 +123,31 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         raise UsageError(
             f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
         ) from None
-    out = out or str(default_plots_dir(target) / "libero" / suite)
+    if not out:
+        from trainer.sampling.load import resolve_target
+
+        out = str(default_plots_dir(*resolve_target(target)) / "libero" / suite)
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
                    device, out)  # fmt: skip
     return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))
 
 
-def default_plots_dir(target: str) -> Path:
-    """RUN_DIR/evaluation/<checkpoint> for a run or checkpoint; ./evaluation/<folder> otherwise."""
-    from trainer.sampling.load import resolve_target
-
-    kind, path = resolve_target(target)
+def default_plots_dir(kind: str, path: Path) -> Path:
+    """RUN_DIR/evaluation/<checkpoint> for a checkpoint; for a reference-layout folder, which has no run
+    dir, runs/evaluation/<its name> in the repo (gitignored, as bin/train's runs/<config>; an export's
+    .../checkpoint_step_N/transformer is named checkpoint_step_N). It was ./evaluation/<folder> in the
+    working directory: an untracked folder in the checkout, and every export's plots in one `transformer`."""
     if kind == "checkpoint":
         return path.resolve().parent.parent / "evaluation" / path.resolve().name
-    return Path("evaluation") / Path(target).resolve().name
+    from provision.paths import repo_root
+
+    folder = path.resolve()
+    return (
+        repo_root()
+        / "runs"
+        / "evaluation"
+        / (folder.parent.name if folder.name == "transformer" else folder.name)
+    )
 
 
 def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:

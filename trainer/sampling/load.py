@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint.layout import MARKER, TRAIN_STATE, scan
+from trainer.checkpoint.layout import MARKER, TRAIN_STATE, damage, scan
 from trainer.config import ConfigError, RunConfig, config_from_dict
 
 
@@ -50,14 +50,14 @@ def resolve_target(target: str | Path) -> tuple[str, Path]:
             f"{path}: no such directory (expected a run dir, a checkpoint or a released folder)"
         )
     if _is_checkpoint(path):
-        return "checkpoint", path
+        return "checkpoint", _intact(path)
     if (path / "checkpoints").is_dir():
         complete, _ = scan(path / "checkpoints")
         if not complete:
             raise TargetError(f"{path}/checkpoints: no complete checkpoint (train longer, or name one)")
         best = path / "checkpoints" / "best"
         pinned = [c for c in complete if best.is_symlink() and c.path.resolve() == best.resolve()]
-        return "checkpoint", (pinned or complete)[-1].path
+        return "checkpoint", _intact((pinned or complete)[-1].path)
     folder = _reference_folder(path)
     if folder is not None:
         return "reference", folder
@@ -65,6 +65,19 @@ def resolve_target(target: str | Path) -> tuple[str, Path]:
         f"{path}: neither a run dir (checkpoints/), a checkpoint ({TRAIN_STATE} + {MARKER}) nor a "
         "reference-layout folder (transformer/config.json + *.safetensors)"
     )
+
+
+def _intact(path: Path) -> Path:
+    """`path` when its files match its COMPLETE marker, sizes and sha256 (what a resume checks too): a
+    damaged checkpoint would otherwise load into NaN scores, or a model that serves wrong actions."""
+    try:
+        step = int(json.loads((path / TRAIN_STATE).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TargetError(f"{path / TRAIN_STATE}: unreadable or without a 'step' entry ({exc})") from None
+    problem = damage(path, step, checksums=True)
+    if problem:
+        raise TargetError(f"{path}: damaged: {problem}; name another checkpoint")
+    return path
 
 
 def checkpoint_config(path: Path) -> RunConfig:
@@ -83,6 +96,7 @@ def checkpoint_config(path: Path) -> RunConfig:
 
 def load_checkpoint_model(path: Path, cfg: RunConfig):
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from trainer.model import WorldModel
 
@@ -96,7 +110,7 @@ def load_checkpoint_model(path: Path, cfg: RunConfig):
                 category=UserWarning,
             )
             dcp.load({"train": {"model": state}}, checkpoint_id=str(path), no_dist=True)
-    except Exception as exc:  # DCP reports missing/mismatched keys as CheckpointException
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         raise TargetError(f"{path}: its model state does not load into the run's model ({exc})") from exc
     model.load_state_dict(state, strict=True)
     return model
@@ -116,10 +130,17 @@ def load_reference_model(folder: Path, cfg: RunConfig):
     return model.float(), cfg
 
 
-def load_model(target: str | Path, cfg_for_reference: RunConfig | None, full_scale: bool = False, say=print):
+def load_model(
+    target: str | Path,
+    cfg_for_reference: RunConfig | None,
+    full_scale: bool = False,
+    say=print,
+    resolved: tuple[str, Path] | None = None,
+):
     """(model fp32 on CPU, cfg, description) for TARGET (see the module docstring). `full_scale`: the run
-    config is a preset's full scale, where the released weights never get stand-in inputs unannounced."""
-    kind, path = resolve_target(target)
+    config is a preset's full scale, where the released weights never get stand-in inputs unannounced.
+    `resolved`: resolve_target(TARGET) as the caller already made it (the checkpoint its outputs name)."""
+    kind, path = resolved or resolve_target(target)
     if kind == "checkpoint":
         cfg = checkpoint_config(path)
         return load_checkpoint_model(path, cfg).float(), cfg, f"checkpoint {path}"
@@ -140,6 +161,17 @@ def load_model(target: str | Path, cfg_for_reference: RunConfig | None, full_sca
 
 
 def pick_device(name: str) -> torch.device:
+    """--device: auto, cpu, cuda or cuda:N; TargetError (one line, before any load) for one not here."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise TargetError(f"--device {name}: not a device here; use auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise TargetError(
+            f"--device {name}: this node has {torch.cuda.device_count()} CUDA GPUs; use --device cpu or auto"
+        )
+    return dev

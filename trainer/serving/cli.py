@@ -118,7 +118,13 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target")
-@click.option("--port", default=DEFAULT_PORT, show_default=True, help="TCP port (0: any free one, logged)")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="TCP port (0: any free one, logged)",
+)
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="address to bind (0.0.0.0: every interface)"
 )

@@ -135,12 +135,12 @@ def load_served(
     from trainer.sampling.load import load_model, pick_device
     from trainer.sampling.rundata import serving_inputs
 
+    dev = pick_device(device)  # before the load: a node without the device says so at once
     base = load_config(config, cpu_scale, parse_set(list(sets)))
     model, cfg, what = load_model(target, base, not cpu_scale, lambda line: say(f"serve: {line}"))
     if sets:
         apply_overrides(cfg, parse_set(list(sets)), "--set")
         check_config(cfg)
-    dev = pick_device(device)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
