@@ -112,7 +112,9 @@ def run_click(
         if request.wanted:
             request.emit(outcome(exc.exit_code, error=exc.format_message()))
         sys.exit(exc.exit_code)
-    except click.Abort:
-        print("Aborted!", file=sys.stderr)
-        sys.exit(1)
+    except click.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort): 128 + SIGINT, never "failed"
+        print(f"{prog_name}: stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+        if request.wanted:
+            request.emit(outcome(130, error="stopped by SIGINT (Ctrl-C)"))
+        sys.exit(130)
     sys.exit(0)

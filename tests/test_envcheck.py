@@ -187,6 +187,26 @@ def test_a_bad_command_line_is_json_too(tmp_path, command, bad):
 
 
 @pytest.mark.fast
+def test_ctrl_c_is_exit_130_and_under_json_the_error_object(capfd):
+    """bin/provision, bin/envcheck, bin/evaluate and bin/serve (run_click): Ctrl-C was "Aborted!", exit 1
+    (which says "failed") and no JSON object under --json."""
+    import click
+
+    from provision.jsonout import run_click
+
+    @click.command()
+    @click.option("--json", "as_json", is_flag=True)
+    def interrupted(as_json: bool) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as done:
+        run_click(interrupted, "bin/x", ["--json"])
+    out, err = capfd.readouterr()  # the object is written to fd 1 itself
+    assert done.value.code == 130 and "bin/x: stopped by SIGINT (Ctrl-C)" in err
+    assert json.loads(out) == {"ok": False, "exit_code": 130, "error": "stopped by SIGINT (Ctrl-C)"}
+
+
+@pytest.mark.fast
 def test_env_and_prefix_together_is_a_usage_error(tmp_path):
     proc = subprocess.run([*ENVCHECK, "--env", "a", "--prefix", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -285,3 +285,17 @@ def test_the_default_plots_dir_is_the_checkpoints_run_or_the_repos_runs_folder(t
     assert default_plots_dir("reference", export) == repo_root() / "runs" / "evaluation" / "checkpoint_step_4"
     released = tmp_path / "models" / "lingbot-va-base"
     assert default_plots_dir("reference", released) == repo_root() / "runs" / "evaluation" / "lingbot-va-base"
+
+
+def test_an_unusable_plots_dir_is_refused_before_the_work(tmp_path):
+    """It failed with a traceback after the whole evaluation (a file, a folder under a file)."""
+    import click
+
+    from trainer.evaluation.cli import writable_dir
+
+    writable_dir(tmp_path / "new" / "deeper", "--plots-dir")  # made later, in a folder that exists
+    assert not (tmp_path / "new").exists()  # nothing made by the check
+    (tmp_path / "a-file").write_text("")
+    for bad, said in ((tmp_path / "a-file", "is a file"), (tmp_path / "a-file" / "sub", "is not a folder")):
+        with pytest.raises(click.BadParameter, match=said):
+            writable_dir(bad, "--plots-dir")

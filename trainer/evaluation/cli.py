@@ -77,6 +77,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     dev = pick_device(device)  # before the load: a node without the device says so at once
     resolved = resolve_target(target)  # once: the plots go with the checkpoint evaluated, if best moves
     out = Path(plots_dir) if plots_dir else default_plots_dir(*resolved)
+    writable_dir(out, "--plots-dir")  # before the work: it failed after the whole evaluation
     base = load_config(config, cpu_scale, parse_set(list(sets)))
     model, cfg, what = load_model(
         target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved
@@ -127,9 +128,24 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         from trainer.sampling.load import resolve_target
 
         out = str(default_plots_dir(*resolve_target(target)) / "libero" / suite)
+    writable_dir(Path(out), "--plots-dir")
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
                    device, out)  # fmt: skip
     return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """click.BadParameter (exit 2, one line) unless `path` is a folder this user can write, or can be made
+    in the nearest folder above it that exists."""
+    import os
+
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if here == path and not path.is_dir():
+        raise click.BadParameter(f"{flag} {path}: is a file, not a folder; name a folder")
+    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{flag} {path}: {here} is not a folder this user can write; name another")
 
 
 def default_plots_dir(kind: str, path: Path) -> Path:

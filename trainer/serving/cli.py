@@ -44,6 +44,10 @@ class _Stopped(Exception):
     """SIGTERM before the server's loop took the signals over (while loading)."""
 
 
+class _LoadFailed(Exception):
+    """An OSError while loading the model or the data (a file, not the port): named as such."""
+
+
 def _stop_while_loading(signum, frame) -> None:
     raise _Stopped(signal.Signals(signum).name)
 
@@ -85,7 +89,10 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
         raise click.BadParameter(f"--max-frame-bytes {max_frame_bytes}: expected at least 1024")
     if not 0 <= idle_timeout < float("inf"):  # NaN and inf too
         raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
-    served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
+    try:
+        served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
+    except OSError as exc:  # was said as "cannot listen on HOST:PORT" whatever file it was
+        raise _LoadFailed(f"loading {target} failed: {exc.filename or ''}: {exc.strerror or exc}") from exc
     try:
         aliases = parse_aliases(tuple(cameras), served.spec.cameras)
     except ValueError as exc:
@@ -196,6 +203,9 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
         message = exc.message if isinstance(exc, click.BadParameter) else str(exc)
         _say(f"serve: {message}")
         code = EXIT_USAGE
+    except _LoadFailed as exc:
+        _say(f"serve: {exc}")
+        code = EXIT_FAILED
     except OSError as exc:
         _say(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}")
         code = EXIT_FAILED

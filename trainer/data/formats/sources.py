@@ -75,6 +75,10 @@ def ensure_dataset(cfg, say: Callable[[str], None] = print) -> list[Path]:
             problem = missing_episodes(cfg, root)
             if problem:
                 raise DatasetError(problem)
+            say(
+                f"data: no episodes under {root}: generating {cfg.data.generated_episodes} synthetic "
+                f"FurnitureBench episodes there (data.generate_if_missing, seed train.seed={cfg.train.seed})"
+            )  # never unsaid: bin/evaluate and bin/serve score and serve on them too
             generate_dataset(
                 root, cfg.data.generated_episodes, cfg.data.generated_length, task, cfg.train.seed
             )

@@ -114,7 +114,7 @@ def check_settings(out: Path, want: dict) -> None:
             k = diff[0]
             raise suites.UsageError(
                 f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}; use the same settings "
-                "to continue them, or another --out (or remove that folder)"
+                "to continue them, or another --plots-dir (or remove that folder)"
             )
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, want)

@@ -90,6 +90,7 @@ def plot(path: Path, result: dict) -> None:
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=".success.", suffix=".png", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600: teammates on a shared filesystem could not open it
     try:
         fig.savefig(tmp)
         os.replace(tmp, path)
