@@ -269,8 +269,16 @@ def test_cache_is_used_and_stale_cache_refused(tmp_path, monkeypatch):
     extra = root / "one_leg" / "2027-01-01-00:00:00"
     extra.mkdir()
     write_episode(extra / f"{extra.name}.pkl", data)
-    with pytest.raises(StaleCache, match="1 episode file.* not in the cache"):
+    with pytest.raises(StaleCache, match="1 episode file.* not in the cache") as stale:
         build_stream(cfg, 0, 1)
+    assert f"rebuild it from the data as it is now: rm -rf {directory}" in str(
+        stale.value
+    )  # the fix, runnable
+    from trainer.loop.rank import needs_fix
+
+    assert (
+        needs_fix(stale.value) == "the latent cache is rebuilt (its line says how)"
+    )  # not "the data is fixed"
     manifest_path = directory / "manifest.json"
     bad = json.loads(manifest_path.read_text())
     bad["spec"]["cameras"] = ["color_image1"]

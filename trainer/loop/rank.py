@@ -140,12 +140,14 @@ def raise_if_any(failure: OutOfSpace | None, anyone: bool) -> None:
 # Failures a rerun repeats until the input is fixed (RankStatus.needs_fix; the launcher's last line says it)
 def needs_fix(exc: BaseException) -> str | None:
     from trainer.config import ConfigError
+    from trainer.data.cache.manifest import StaleCache
     from trainer.data.encoding.folders import EncoderError
     from trainer.data.formats.furniturebench import DatasetError
     from trainer.model.attention import BackendUnavailable
     from trainer.model.weights import PretrainedError
 
     fixes: list[tuple[type[BaseException], str]] = [
+        (StaleCache, "the latent cache is rebuilt (its line says how)"),  # the data may be fine: it changed
         (DatasetError, "the data is fixed"),
         (EncoderError, "the data.* encoder settings are fixed"),
         (PretrainedError, "the model.pretrained folder (or the settings it conflicts with) is fixed"),

@@ -125,5 +125,8 @@ def check_manifest(now: Discovery, directory: Path, spec: CacheSpec) -> dict:
             break
     problems += _check_videos(now.root, manifest["episodes"])[:5]
     if problems:
-        raise StaleCache(f"{directory}: stale latent cache: {'; '.join(problems)}")
+        raise StaleCache(
+            f"{directory}: stale latent cache: {'; '.join(problems)}; rebuild it from the data as it is now: "
+            f"rm -rf {directory} (the next run prepares it again)"
+        )
     return manifest
