@@ -148,3 +148,14 @@ def test_a_relative_set_path_is_the_working_directorys_and_a_presets_the_repos(t
         == "/abs/x"
     )
     assert repo_root() != tmp_path
+
+
+def test_a_set_value_that_breaks_another_keys_rule_is_named_with_it(tmp_path, capsys):
+    """--set model.heads=5 breaks model.dim's rule (a multiple of heads): the line named only the preset's
+    model.dim=128 (found by a review); it now names the --set value too."""
+    assert (
+        launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), "--set", "model.heads=5"])
+        == 2
+    )
+    line = capsys.readouterr().err.strip()
+    assert "model.dim=128 is not allowed" in line and "(with model.heads=5 from --set)" in line, line

@@ -22,6 +22,7 @@ class Rule:
     allowed: str
     ok: Callable[[Any, RunConfig], bool] | None
     bad: str
+    related: tuple[str, ...] = ()  # keys `ok` also reads: their values and sources are named with it
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ RULES: dict[str, Rule | Free] = {
         "(the reference's 3-axis RoPE)",
         _dim_ok,
         "100",
+        ("model.heads",),
     ),
     "model.depth": POSITIVE,
     "model.heads": POSITIVE,
@@ -377,9 +378,27 @@ def violations(cfg: RunConfig, sources: dict[str, str] | None = None) -> list[st
         except (TypeError, ValueError, ZeroDivisionError):
             ok = False
         if not ok:
-            where = (sources or {}).get(key, "the default" if sources is not None else f"config {cfg.name!r}")
-            rank = 0 if where == "--set" else 2 if where.endswith(("(cpu_scale)", "the default")) else 1
-            problems.append((rank, f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"))
+            default = "the default" if sources is not None else f"config {cfg.name!r}"
+            where = (sources or {}).get(key, default)
+            line = f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"
+            set_too = [k for k in rule.related if (sources or {}).get(k) == "--set"]
+            if rule.related:  # e.g. --set model.heads=5 breaks model.dim's rule: say so, the --set first
+                line += (
+                    " (with "
+                    + ", ".join(
+                        f"{k}={value_of(cfg, k)!r} from {(sources or {}).get(k, default)}"
+                        for k in rule.related
+                    )
+                    + ")"
+                )
+            rank = (
+                0
+                if where == "--set" or set_too
+                else 2
+                if where.endswith(("(cpu_scale)", "the default"))
+                else 1
+            )
+            problems.append((rank, line))
     return [line for _, line in sorted(problems, key=lambda p: p[0])]
 
 
