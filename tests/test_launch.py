@@ -273,6 +273,23 @@ def test_a_damaged_checkpoint_that_cannot_be_moved_aside_refuses_the_launch(
     assert "run complete:" not in err and path.is_dir() and not fake_torchrun.calls
 
 
+def test_a_data_path_the_ranks_cannot_use_fails_preflight_naming_it(tmp_path, capsys, fake_torchrun):
+    """A file, or a place no episodes can be generated in: the ranks' FileNotFoundError traceback before."""
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    for path, said in ((afile, "is a file; set data.path"), (afile / "sub", "cannot be made or written")):
+        run_dir = tmp_path / f"run-{path.name}"
+        assert (
+            launch.main(
+                ["furniture_train", "2", "--run-dir", str(run_dir), "--set", f"data.path={path}", *TINY]
+            )
+            == 3
+        )
+        err = capsys.readouterr().err
+        assert f"data.path={path}" in err and said in err, err
+    assert not fake_torchrun.calls
+
+
 # --- env choice and the ranks' environment ------------------------------------------------------------
 
 

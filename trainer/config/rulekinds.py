@@ -55,3 +55,34 @@ BOOL = Rule("true or false", None, "maybe")
 POSITIVE = Rule("> 0", _positive, "0")
 NON_NEGATIVE = Rule(">= 0", _non_negative, "-1")
 FRACTION = Rule("in 0..1", _fraction, "1.5")
+
+
+def value_of(cfg: RunConfig, key: str) -> Any:
+    target: Any = cfg
+    for part in key.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def judged(key: str, rule: Rule, cfg: RunConfig, sources: dict[str, str] | None) -> tuple[int, str] | None:
+    """(rank, line) when cfg's value of `key` breaks `rule`, else None. The line says where the value came
+    from, the key, the value, what is allowed, and the related keys' values and sources; rank 0 when the
+    value or a related one was set on the command line, 1 for the config file's, 2 for the rest."""
+    if rule.ok is None:
+        return None
+    value = value_of(cfg, key)
+    try:
+        ok = rule.ok(value, cfg)
+    except (TypeError, ValueError, ZeroDivisionError):
+        ok = False
+    if ok:
+        return None
+    default = "the default" if sources is not None else f"config {cfg.name!r}"
+    where = (sources or {}).get(key, default)
+    line = f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"
+    if rule.related:  # e.g. --set model.heads=5 breaks model.dim's rule: say so, and name it first
+        named = (f"{k}={value_of(cfg, k)!r} from {(sources or {}).get(k, default)}" for k in rule.related)
+        line += " (with " + ", ".join(named) + ")"
+    set_too = any((sources or {}).get(k) == "--set" for k in rule.related)
+    rank = 0 if where == "--set" or set_too else 2 if where.endswith(("(cpu_scale)", "the default")) else 1
+    return rank, line

@@ -32,6 +32,8 @@ from trainer.config.rulekinds import (
     _non_negative,
     _one_of,
     _positive,
+    judged,
+    value_of,
 )
 from trainer.config.schema import ConfigError, RunConfig
 
@@ -357,48 +359,15 @@ RULES: dict[str, Rule | Free] = {
 }
 
 
-def value_of(cfg: RunConfig, key: str) -> Any:
-    target: Any = cfg
-    for part in key.split("."):
-        target = getattr(target, part)
-    return target
-
-
 def violations(cfg: RunConfig, sources: dict[str, str] | None = None) -> list[str]:
     """One line per value that breaks its rule: where it came from, the key, the value, what is allowed.
     Values set on the command line come first, then the config file's, then the rest: when a value breaks
     a rule that relates it to another (model.dim and model.heads), the one the user just set is named."""
-    problems: list[tuple[int, str]] = []
-    for key, rule in RULES.items():
-        if isinstance(rule, Free) or rule.ok is None:
-            continue
-        value = value_of(cfg, key)
-        try:
-            ok = rule.ok(value, cfg)
-        except (TypeError, ValueError, ZeroDivisionError):
-            ok = False
-        if not ok:
-            default = "the default" if sources is not None else f"config {cfg.name!r}"
-            where = (sources or {}).get(key, default)
-            line = f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"
-            set_too = [k for k in rule.related if (sources or {}).get(k) == "--set"]
-            if rule.related:  # e.g. --set model.heads=5 breaks model.dim's rule: say so, the --set first
-                line += (
-                    " (with "
-                    + ", ".join(
-                        f"{k}={value_of(cfg, k)!r} from {(sources or {}).get(k, default)}"
-                        for k in rule.related
-                    )
-                    + ")"
-                )
-            rank = (
-                0
-                if where == "--set" or set_too
-                else 2
-                if where.endswith(("(cpu_scale)", "the default"))
-                else 1
-            )
-            problems.append((rank, line))
+    problems = [
+        broken
+        for key, rule in RULES.items()
+        if isinstance(rule, Rule) and (broken := judged(key, rule, cfg, sources)) is not None
+    ]
     return [line for _, line in sorted(problems, key=lambda p: p[0])]
 
 

@@ -62,6 +62,10 @@ def _root_note(cfg: RunConfig) -> str:
     )
 
     root = resolve_data_path(cfg)
+    if root.exists() and not root.is_dir():
+        raise PreflightError(
+            f"data.path={cfg.data.path}: {root} is a file; set data.path to the dataset's folder"
+        )
     if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():
         return _lerobot_note(cfg, root)
     files = discover_source(cfg, root).files
@@ -70,6 +74,7 @@ def _root_note(cfg: RunConfig) -> str:
         raise PreflightError(problem)
     if files:
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
+    _writable_or_makeable(cfg, root)  # the ranks write episodes there: said now, not as their traceback
     if records_libero(cfg, root):
         return (
             f"data: no LeRobot dataset at {root}: the ranks record {cfg.data.generated_episodes} scripted "
@@ -77,6 +82,20 @@ def _root_note(cfg: RunConfig) -> str:
             "not demonstrations; first use)"
         )
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
+
+
+def _writable_or_makeable(cfg: RunConfig, root) -> None:
+    import os
+
+    here = root
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir() or not os.access(here, os.W_OK | os.X_OK):
+        raise PreflightError(
+            f"data.path={cfg.data.path}: no episodes there, and {root} cannot be made or written ({here} is "
+            "not a folder this user can write) to generate them; point data.path at the dataset, or at a "
+            "writable folder"
+        )
 
 
 def _lerobot_note(cfg: RunConfig, root) -> str:
