@@ -15,6 +15,7 @@ exit status does not change.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -44,6 +45,14 @@ def _fail(message: str, request: JsonRequest) -> None:
     click.echo(f"provision: error: {message}", err=True)
     request.emit(outcome(2, error=message))
     sys.exit(2)
+
+
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM as an exception: every `except BaseException` / `finally` on the way out runs (an export's
+    DIR.partial-<pid>, a half-built generation), then exit 128 + 15."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup is not interrupted again
+    print("bin/provision: stopped by SIGTERM; nothing half-made is kept", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
 
 
 def _spec_for(spec_file: Path | None, lockfile: Path | None, name: str | None = None) -> EnvSpec | None:
@@ -174,6 +183,7 @@ def main(**opts) -> None:
     if len(actions) > 1:
         raise click.UsageError(f"{' and '.join(actions)} are separate steps: give one per command")
     request = JsonRequest(stdout=opts["as_json"], file=opts["json_file"])
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a time limit, kill: clean up as Ctrl-C does
     request.capture_stdout()  # pip's and the installers' output goes to stderr: stdout is the object alone
     progress = Progress(enabled=not opts["quiet"])
     try:

@@ -91,6 +91,7 @@ def export(
     if out.exists():
         raise ExportError(f"{out} exists; choose a new directory (or remove it: rm -rf {out})")
     staging = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    _remove_dead_partials(out)
     shutil.rmtree(staging, ignore_errors=True)
     conda = lock.for_platform(platform, "conda")
     pip = lock.for_platform(platform, "pip")
@@ -128,6 +129,21 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return {**summary, "export": str(out)}
+
+
+def _remove_dead_partials(out: Path) -> None:
+    """A killed export's `DIR.partial-<pid>` (kill -9, a node that went down): removed when its process is
+    gone. A live one is another export's, left alone."""
+    for partial in out.parent.glob(f"{out.name}.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(partial, ignore_errors=True)
+        except PermissionError:  # another user's live process
+            pass
 
 
 def _place(src: Path, dest: Path) -> None:

@@ -161,3 +161,21 @@ def test_export_of_a_corrupt_source_writes_nothing(project, tmp_path):
         and conda[0].file_name in proc.stderr
     )
     assert not out.exists() and not list(tmp_path.glob("kit.partial-*"))
+
+
+def test_a_killed_exports_partial_folder_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
+    """`DIR.partial-<pid>` of an export that was killed stayed forever (the next run removed only its own
+    pid's); a SIGTERM now ends bin/provision through its cleanup (provision/cli.py _stop_on_sigterm)."""
+    import subprocess
+    import sys
+
+    from provision.export import _remove_dead_partials
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, live = tmp_path / f"kit.partial-{gone.stdout.strip()}", tmp_path / f"kit.partial-{os.getppid()}"
+    for partial in (dead, live):
+        (partial / "channel").mkdir(parents=True)
+    _remove_dead_partials(tmp_path / "kit")
+    assert not dead.exists() and live.is_dir()
