@@ -14,11 +14,12 @@ reported complete.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 from trainer.attempt import EXIT_OK, summary_path
-from trainer.checkpoint.layout import DamagedInPlace, quarantine_damaged, resume_conflicts, scan
+from trainer.checkpoint.layout import MARKER, DamagedInPlace, quarantine_damaged, resume_conflicts, scan
 from trainer.config import RunConfig
 from trainer.launcher.console import say
 from trainer.launcher.errors import PreflightError
@@ -37,7 +38,20 @@ def quarantine(run_dir: Path, node_rank: int) -> list[dict[str, Any]]:
         return []
     for d in moved:
         say(f"damaged checkpoint {d.path}: {d.problem}; moved aside to {d.moved_to} (not deleted)")
+    complete, _ = scan(run_dir / "checkpoints")
+    if complete and not _has_checksums(complete[-1].path):  # never unsaid: a flipped byte goes unseen
+        say(
+            f"checkpoint {complete[-1].path}: its {MARKER} lists no sha256 (an older or hand-made marker): "
+            "its files are checked by size only"
+        )
     return [dataclasses.asdict(d) for d in moved]
+
+
+def _has_checksums(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / MARKER).read_text()).get("sha256"))
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable: the ranks' own checks refuse it, named
 
 
 def finished(run_dir: Path, cfg: RunConfig, world_size: int, started: float) -> int | None:
