@@ -227,3 +227,21 @@ def test_one_writer_per_output_folder(tmp_path):
         hold_output(out)
     os.close(first)
     os.close(hold_output(out))
+
+
+def test_a_damaged_episode_record_or_settings_file_is_named_with_its_fix(tmp_path):
+    """bin/evaluate --sim reads back what it wrote; a damaged one was a JSONDecodeError traceback."""
+    from trainer.evaluation.sim import suites
+    from trainer.evaluation.sim.command import check_settings
+    from trainer.evaluation.sim.report import load_records, record_path
+
+    path = record_path(tmp_path, 0, 1)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"success": tr')
+    with pytest.raises(
+        suites.UsageError, match=f"{path}: unreadable .*the re-run plays that episode again: rm"
+    ):
+        load_records(tmp_path, [0], 2)
+    (tmp_path / "settings.json").write_text("{")
+    with pytest.raises(suites.UsageError, match="settings.json: unreadable"):
+        check_settings(tmp_path, {"suite": "libero_goal"})

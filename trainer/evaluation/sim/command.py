@@ -106,9 +106,9 @@ def hold_output(out: Path) -> int:
 def check_settings(out: Path, want: dict) -> None:
     path = out / "settings.json"
     if path.is_file():
-        import json
+        from trainer.evaluation.sim.report import read_json_or_refuse
 
-        have = json.loads(path.read_text())
+        have = read_json_or_refuse(path, "remove it to continue the episodes with these settings")
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             k = diff[0]

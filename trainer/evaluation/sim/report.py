@@ -32,8 +32,19 @@ def load_records(out: Path, tasks: list[int], episodes: int) -> dict[tuple[int, 
         for e in range(episodes):
             path = record_path(out, t, e)
             if path.is_file():
-                found[(t, e)] = json.loads(path.read_text())
+                found[(t, e)] = read_json_or_refuse(path, "remove it and the re-run plays that episode again")
     return found
+
+
+def read_json_or_refuse(path: Path, fix: str) -> Any:
+    """An output file this command wrote (atomically) and reads back; damaged (a disk fault, a hand edit):
+    suites.UsageError naming it and `fix`, never a JSONDecodeError traceback."""
+    from trainer.evaluation.sim import suites
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise suites.UsageError(f"{path}: unreadable ({exc}); {fix}: rm {path}") from None
 
 
 def summarise(out: Path, suite: str, checkpoint: str, tasks: list[int], episodes: int, errors: list[dict],
