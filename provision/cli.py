@@ -199,7 +199,15 @@ def main(**opts) -> None:
         _fail(str(exc), request)
         return
     except OSError as exc:  # e.g. --prefix under a file, a read-only envs dir: name the path
-        _fail(f"{exc.filename or ''}: {exc.strerror or exc}", request)
+        path = Path(exc.filename) if exc.filename else None
+        blocker = next((p for p in (path, *path.parents) if p.is_file()), None) if path else None
+        if blocker is not None:  # was "<path>: File exists", with no fix
+            _fail(
+                f"{blocker} is a file, so the env's folder cannot be made there; choose another --prefix",
+                request,
+            )
+        else:
+            _fail(f"{exc.filename or ''}: {exc.strerror or exc}", request)
         return
     line = summary.pop("_line")
     if not request.stdout:

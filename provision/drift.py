@@ -114,6 +114,12 @@ def check_lock(
         relock = f"relock with `{provision_command(spec, lock_path, '--relock')}`"
     else:
         relock = f"relock with `bin/provision NAME -f ENVIRONMENT.YML --lockfile {lock_path} --relock`"
+    from provision.spec import SELECTORS
+
+    if platform not in SELECTORS:  # a typo is not a platform to add to `platforms:`
+        raise LockError(
+            f"--platform {platform}: not a conda platform this tool knows ({', '.join(SELECTORS)})"
+        )
     if platform not in lock.platforms:
         raise LockError(
             f"{lock_path} has no packages for platform {platform} (it has "

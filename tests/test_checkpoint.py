@@ -50,6 +50,9 @@ def test_absent_empty_and_partial_dirs_are_a_fresh_start_with_the_reason(tmp_pat
     root.mkdir()
     assert latest_complete(root) is None
     assert "is empty" in scan(root)[1]
+    (root / "checkpoint_step_2.damaged-20261206-1-1").mkdir()  # not "empty": said as moved aside
+    assert "every one was moved aside as damaged (checkpoint_step_2.damaged-20261206-1-1)" in scan(root)[1]
+    (root / "checkpoint_step_2.damaged-20261206-1-1").rmdir()
 
     (root / "checkpoint_step_8.tmp-123").mkdir()  # a save killed before its rename
     (root / "checkpoint_step_4").mkdir()  # a final name without COMPLETE

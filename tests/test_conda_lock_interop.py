@@ -410,3 +410,16 @@ def test_a_full_disk_while_linking_is_one_line_and_no_env(tmp_path, tiny_channel
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "linking the conda packages into" in proc.stderr and "No space left on device" in proc.stderr
+
+
+@pytest.mark.fast
+def test_an_unknown_platform_and_a_prefix_under_a_file_are_named_with_their_fix(tmp_path, tiny_channel):
+    spec, lock = make_project(tmp_path, tiny_channel)
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    for flags, said in (
+        (["--platform", "foo"], "--platform foo: not a conda platform this tool knows"),  # not "add foo to"
+        (["--prefix", str(afile / "env")], f"{afile} is a file, so the env's folder cannot be made there"),
+    ):
+        proc = run_cli(["tiny-env", "-f", str(spec), "--lockfile", str(lock), *flags], tmp_path)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr

@@ -151,6 +151,12 @@ def scan(root: Path) -> tuple[list[CheckpointInfo], str]:
         return complete, ""
     if partial:
         return [], f"only partial checkpoints in {root} (no {MARKER} marker): {', '.join(sorted(partial))}"
+    aside = sorted(entry.name for entry in root.iterdir() if ".damaged-" in entry.name)
+    if aside:  # not "empty": the user should know their checkpoints are there, only not usable
+        return (
+            [],
+            f"no usable checkpoint in {root}: every one was moved aside as damaged ({', '.join(aside)})",
+        )
     return [], f"checkpoint directory {root} is empty"
 
 
