@@ -266,6 +266,12 @@ def test_cache_is_used_and_stale_cache_refused(tmp_path, monkeypatch):
     monkeypatch.undo()
     prepare(cfg)  # the fix the message names; only the changed episode is redone
     build_stream(cfg, 0, 1)
+    entry = next((directory / "episodes").rglob("*.npz"))
+    kept = entry.read_bytes()
+    entry.write_bytes(kept[:500])  # a truncated copy: was a BadZipFile traceback naming nothing
+    with pytest.raises(StaleCache, match=f"{entry}: damaged cache file .*rm -rf {directory} "):
+        build_stream(cfg, 0, 1)
+    entry.write_bytes(kept)
     extra = root / "one_leg" / "2027-01-01-00:00:00"
     extra.mkdir()
     write_episode(extra / f"{extra.name}.pkl", data)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from trainer.data.cache.location import resolve_data_path
+from trainer.data.cache.manifest import read_entry
 from trainer.data.cache.store import cache_dir
 from trainer.data.encoding import views
 from trainer.data.formats.discovery import SKIP_TOO_SHORT, DatasetSummary, Discovery
@@ -281,13 +282,12 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
         if ep["latent_frames"] < frames:
             skipped.append((source, SKIP_TOO_SHORT))
             continue
-        with np.load(directory / "episodes" / ep["entry"], allow_pickle=False) as z:
-            latents.append(views.compose([z[f"latents__{c}"] for c in cams], views.layout_of(cfg)))
-            actions.append(episode_actions(cfg, z["actions"], str(source)))
-            names.append(ep["file"])
-            tasks.append(int(ep.get("task_index", 0)))
-    with np.load(directory / "text.npz", allow_pickle=False) as z:
-        text = {k: z[k] for k in z.files}
+        z = read_entry(directory / "episodes" / ep["entry"], [f"latents__{c}" for c in cams] + ["actions"])
+        latents.append(views.compose([z[f"latents__{c}"] for c in cams], views.layout_of(cfg)))
+        actions.append(episode_actions(cfg, z["actions"], str(source)))
+        names.append(ep["file"])
+        tasks.append(int(ep.get("task_index", 0)))
+    text = read_entry(directory / "text.npz", None)
     if "task_emb" in text:  # a LeRobot dataset: the prompt per episode (its task)
         text["episode_task"] = np.array(tasks, np.int64)
     spec, short = manifest["spec"], short_episodes(cfg, manifest, found.root)

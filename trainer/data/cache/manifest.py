@@ -130,3 +130,23 @@ def check_manifest(now: Discovery, directory: Path, spec: CacheSpec) -> dict:
             f"rm -rf {directory} (the next run prepares it again)"
         )
     return manifest
+
+
+def read_entry(entry: Path, names: list[str] | None) -> dict:
+    """The arrays `names` (None: all) of one cache file a checked manifest lists; StaleCache naming it (and
+    the fix) when it cannot be read (a disk fault, a truncated copy): a BadZipFile traceback before."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(entry, allow_pickle=False) as z:
+            return {name: z[name] for name in (z.files if names is None else names)}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        cache = entry.parent
+        while not (cache / MANIFEST).is_file() and cache != cache.parent:  # text.npz, episodes/<...>.npz
+            cache = cache.parent
+        raise StaleCache(
+            f"{entry}: damaged cache file ({type(exc).__name__}: {exc}); rebuild the latent cache from the "
+            f"data: rm -rf {cache} (the next run prepares it again)"
+        ) from None
