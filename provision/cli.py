@@ -310,6 +310,11 @@ def _dispatch_named(opts: dict, progress: Progress) -> dict:
 
 
 def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> dict:
+    if opts["pip_index"]:  # it was ignored, and its fetch error then advised --pip-find-links
+        raise ProvisionError(
+            "--export fetches the locked wheels by their URLs, or from --pip-find-links DIR (a folder of "
+            "them); it does not search --pip-index: give --pip-find-links instead"
+        )
     lock = check_lock(spec, lock_path, platform, vpkg_file=opts["vp_file"], log=progress)
     extra = []
     if spec is not None:
@@ -326,6 +331,7 @@ def _export(opts, spec, env_name, lock_path, platform, channels, progress) -> di
         mirror=channels[0] if channels else None,
         downloads=Path(opts["cache_dir"] or default_cache_dir()) / "downloads",
         progress=progress,
+        find_links=opts["pip_find_links"],
     )
     return {
         **summary,

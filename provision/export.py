@@ -83,6 +83,7 @@ def export(
     mirror: str | None,
     downloads: Path,
     progress: Callable[[str], None],
+    find_links: str | None = None,
 ) -> dict:
     """Write the export directory `out` (see module doc); refuses an `out` that exists."""
     from provision.fetch import redirect
@@ -104,7 +105,8 @@ def export(
             _place(src, staging / "channel" / pkg.subdir / pkg.file_name)
         for pkg in pip:
             assert pkg.sha256 is not None
-            src = fetch_verified(pkg.url, None, pkg.sha256, downloads, progress)
+            url = (Path(find_links).absolute() / pkg.file_name).as_uri() if find_links else pkg.url
+            src = fetch_verified(url, None, pkg.sha256, downloads, progress)  # --pip-find-links: the mirror
             _place(src, staging / "wheels" / pkg.file_name)
         progress(f"indexing {staging / 'channel'} (py-rattler)")
         _index(staging / "channel")

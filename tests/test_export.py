@@ -163,6 +163,25 @@ def test_export_of_a_corrupt_source_writes_nothing(project, tmp_path):
     assert not out.exists() and not list(tmp_path.glob("kit.partial-*"))
 
 
+def test_export_takes_the_wheels_from_pip_find_links_and_refuses_pip_index(project, tmp_path):
+    """--export fetched every wheel by its locked URL whatever --pip-find-links said, then advised
+    --pip-find-links when that URL was dead (found by a review); --pip-index was ignored without a word."""
+    spec = project["spec"]
+    mirror = tmp_path / "mirror"
+    shutil.copytree(project["reachable"] / "wheels", mirror)
+    shutil.rmtree(project["reachable"] / "simple")  # the lock's wheel URLs are dead now
+    for wheel in (project["reachable"] / "wheels").iterdir():
+        wheel.unlink()
+    args = ["offline-env", "-f", str(spec), "--export", str(tmp_path / "kit"), "-q"]
+    refused = run_cli([*args, "--pip-index", "http://127.0.0.1:9/simple"], tmp_path)
+    assert refused.returncode == 2 and "give --pip-find-links instead" in refused.stderr, refused.stderr
+    done = run_cli([*args, "--pip-find-links", str(mirror)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "kit" / "wheels").iterdir()) == sorted(
+        p.name for p in mirror.iterdir()
+    )
+
+
 def test_a_killed_exports_partial_folder_is_removed_by_the_next_and_a_live_ones_kept(tmp_path):
     """`DIR.partial-<pid>` of an export that was killed stayed forever (the next run removed only its own
     pid's); a SIGTERM now ends bin/provision through its cleanup (provision/cli.py _stop_on_sigterm)."""
