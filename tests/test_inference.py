@@ -299,3 +299,15 @@ def test_an_unusable_plots_dir_is_refused_before_the_work(tmp_path):
     for bad, said in ((tmp_path / "a-file", "is a file"), (tmp_path / "a-file" / "sub", "is not a folder")):
         with pytest.raises(click.BadParameter, match=said):
             writable_dir(bad, "--plots-dir")
+
+
+def test_a_set_the_loaded_model_cannot_follow_is_refused_and_the_others_apply(model):
+    """`bin/evaluate RUN --set model.depth=8` evaluated the 2-layer checkpoint and said nothing."""
+    from trainer.sampling.load import apply_sets
+
+    cfg = apply_sets(model.cfg, ["infer.video_steps=2", "model.attention=sdpa"], "checkpoint X")
+    assert cfg.infer.video_steps == 2 and cfg.model.attention == "sdpa"
+    same = f"model.depth={model.cfg.model.depth}"  # the loaded value itself: nothing dropped
+    assert apply_sets(model.cfg, [same], "checkpoint X").model.depth == model.cfg.model.depth
+    with pytest.raises(TargetError, match=r"--set model.depth=8: the model is checkpoint X's own"):
+        apply_sets(model.cfg, ["model.depth=8"], "checkpoint X")

@@ -69,9 +69,9 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
 def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None) -> dict:
     import torch
 
-    from trainer.config import check_config, load_config, parse_set
+    from trainer.config import load_config, parse_set
     from trainer.evaluation.openloop import channel_names, evaluate_open_loop
-    from trainer.sampling.load import load_model, pick_device, resolve_target
+    from trainer.sampling.load import apply_sets, load_model, pick_device, resolve_target
     from trainer.sampling.rundata import load_episodes, make_sampler
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
@@ -83,10 +83,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved
     )
     if sets:
-        from trainer.config import apply_overrides
-
-        apply_overrides(cfg, parse_set(list(sets)), "--set")
-        check_config(cfg)
+        cfg = apply_sets(cfg, list(sets), what)
     _say(f"evaluate: {what}")
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     data = load_episodes(cfg)

@@ -160,6 +160,32 @@ def load_model(
     return model, cfg, f"reference-layout weights {path}"
 
 
+# model.* keys a loaded model reads at run time; every other one is its shape, fixed by TARGET
+RUNTIME_MODEL_KEYS = frozenset({"model.attention", "model.attn_block", "model.activation_checkpointing"})
+
+
+def apply_sets(cfg: RunConfig, sets: list[str], what: str) -> RunConfig:
+    """The loaded model's config with the command's --set values (judged by the config's rules); TargetError
+    for a model.* one the loaded model cannot follow: its shape is TARGET's own (a checkpoint's
+    train_state.json, a folder's config.json), and `--set model.depth=8` was dropped unsaid."""
+    from trainer.config import apply_overrides, check_config, parse_set
+    from trainer.config.rules import value_of
+
+    wanted = parse_set(list(sets))
+    changed = copy.deepcopy(cfg)
+    apply_overrides(changed, wanted, "--set")
+    for key in wanted:
+        if key.startswith("model.") and key not in RUNTIME_MODEL_KEYS:
+            if value_of(changed, key) != value_of(cfg, key):
+                raise TargetError(
+                    f"--set {key}={value_of(changed, key)!r}: the model is {what}'s own ({key}="
+                    f"{value_of(cfg, key)!r}); drop that --set (of model.*, only "
+                    f"{', '.join(sorted(RUNTIME_MODEL_KEYS))} apply to a loaded model)"
+                )
+    check_config(changed)
+    return changed
+
+
 def pick_device(name: str) -> torch.device:
     """--device: auto, cpu, cuda or cuda:N; TargetError (one line, before any load) for one not here."""
     if name == "auto":

@@ -128,19 +128,18 @@ class Served:
 def load_served(
     target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
 ) -> Served:
-    from trainer.config import apply_overrides, check_config, load_config, parse_set
+    from trainer.config import load_config, parse_set
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
     from trainer.data.encoding.text import make_text_encoder
-    from trainer.sampling.load import load_model, pick_device
+    from trainer.sampling.load import apply_sets, load_model, pick_device
     from trainer.sampling.rundata import serving_inputs
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
     base = load_config(config, cpu_scale, parse_set(list(sets)))
     model, cfg, what = load_model(target, base, not cpu_scale, lambda line: say(f"serve: {line}"))
     if sets:
-        apply_overrides(cfg, parse_set(list(sets)), "--set")
-        check_config(cfg)
+        cfg = apply_sets(cfg, list(sets), what)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
