@@ -206,3 +206,19 @@ def test_the_released_architecture_with_stand_ins_is_refused_at_cpu_scale_too(
 
     with pytest.raises(ConfigError, match="weights-free stand-in input"):
         load_model(released_dims, load_config("libero", cpu_scale=True), full_scale=False)
+
+
+def test_a_folders_dims_win_over_a_presets_cpu_scale_ones_but_not_over_a_set(released):
+    """bin/evaluate / bin/serve of an export of a CPU-scale run: the preset's cpu_scale model.dim (128) is
+    not the user's choice and gives way to the folder's config.json (48); it was refused, with the fix
+    "train without model.pretrained". A --set that differs is still a conflict."""
+    from trainer.config import resolve_config
+    from trainer.sampling.load import TargetError, load_reference_model
+
+    cfg, sources = resolve_config("furniture_train", cpu_scale=True)
+    assert cfg.model.dim != 48 and sources["model.dim"].endswith("(cpu_scale)")
+    model, loaded = load_reference_model(released / "transformer", cfg, sources)
+    assert loaded.model.dim == 48
+    cfg, sources = resolve_config("furniture_train", cpu_scale=True, overrides={"model.dim": "96"})
+    with pytest.raises(TargetError, match="--set sets model.dim=96"):
+        load_reference_model(released / "transformer", cfg, sources)

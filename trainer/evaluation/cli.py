@@ -69,7 +69,7 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
 def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None) -> dict:
     import torch
 
-    from trainer.config import load_config, parse_set
+    from trainer.config import parse_set, resolve_config
     from trainer.evaluation.openloop import channel_names, evaluate_open_loop
     from trainer.sampling.load import apply_sets, load_model, pick_device, resolve_target
     from trainer.sampling.rundata import load_episodes, make_sampler
@@ -78,9 +78,9 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     resolved = resolve_target(target)  # once: the plots go with the checkpoint evaluated, if best moves
     out = Path(plots_dir) if plots_dir else default_plots_dir(*resolved)
     writable_dir(out, "--plots-dir")  # before the work: it failed after the whole evaluation
-    base = load_config(config, cpu_scale, parse_set(list(sets)))
+    base, sources = resolve_config(config, cpu_scale, parse_set(list(sets)))
     model, cfg, what = load_model(
-        target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved
+        target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved, sources
     )
     if sets:
         cfg = apply_sets(cfg, list(sets), what)

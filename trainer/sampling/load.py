@@ -116,13 +116,16 @@ def load_checkpoint_model(path: Path, cfg: RunConfig):
     return model
 
 
-def load_reference_model(folder: Path, cfg: RunConfig):
+def load_reference_model(folder: Path, cfg: RunConfig, sources: dict[str, str] | None = None):
+    """`sources` (resolve_config's): only a model.* value the user set conflicts with the folder's
+    config.json; a preset's cpu_scale dims give way (an export of a CPU-scale run was refused, its fix
+    "train without model.pretrained")."""
     from trainer.model import PretrainedError, WorldModel, apply_pretrained_config, load_full
 
     cfg = copy.deepcopy(cfg)
     cfg.model.pretrained = str(folder)
     try:
-        apply_pretrained_config(cfg)
+        apply_pretrained_config(cfg, sources)
         model = WorldModel(cfg).eval()
         load_full(model, folder)  # strict: a missing or misshapen tensor raises, naming it
     except PretrainedError as exc:
@@ -136,6 +139,7 @@ def load_model(
     full_scale: bool = False,
     say=print,
     resolved: tuple[str, Path] | None = None,
+    sources: dict[str, str] | None = None,
 ):
     """(model fp32 on CPU, cfg, description) for TARGET (see the module docstring). `full_scale`: the run
     config is a preset's full scale, where the released weights never get stand-in inputs unannounced.
@@ -156,7 +160,7 @@ def load_model(
     except PretrainedError as exc:
         raise TargetError(str(exc)) from exc
     check_stand_ins(dims, True, full_scale, str(Path(target)), say)
-    model, cfg = load_reference_model(path, cfg_for_reference)
+    model, cfg = load_reference_model(path, cfg_for_reference, sources)
     return model, cfg, f"reference-layout weights {path}"
 
 

@@ -128,7 +128,7 @@ class Served:
 def load_served(
     target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
 ) -> Served:
-    from trainer.config import load_config, parse_set
+    from trainer.config import parse_set, resolve_config
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
     from trainer.data.encoding.text import make_text_encoder
@@ -136,8 +136,10 @@ def load_served(
     from trainer.sampling.rundata import serving_inputs
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
-    base = load_config(config, cpu_scale, parse_set(list(sets)))
-    model, cfg, what = load_model(target, base, not cpu_scale, lambda line: say(f"serve: {line}"))
+    base, sources = resolve_config(config, cpu_scale, parse_set(list(sets)))
+    model, cfg, what = load_model(
+        target, base, not cpu_scale, lambda line: say(f"serve: {line}"), None, sources
+    )
     if sets:
         cfg = apply_sets(cfg, list(sets), what)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
