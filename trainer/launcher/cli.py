@@ -148,13 +148,7 @@ def _slurm_time(text: str) -> str:
 
 
 def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return value
+    return _int_at_least(text, 0, "must be 0 or more")
 
 
 def _port(text: str) -> int:
@@ -165,10 +159,14 @@ def _port(text: str) -> int:
 
 
 def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "must be at least 1")
+
+
+def _int_at_least(text: str, least: int, said: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} {said}")
     return value
