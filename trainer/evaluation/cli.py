@@ -29,6 +29,7 @@ Exit codes (trainer/attempt.py): 0 done; 2 bad command line, TARGET or config (o
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import traceback
@@ -106,6 +107,11 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         _say(f"evaluate:   {group:<9} MAE {v['mae_norm']:.4f} normalised, {v['mae_robot']:.5f} robot units")
     for name, path in result["plots"].items():
         _say(f"evaluate: plot {name}: {path}")
+    if not all(math.isfinite(float(o[k])) for k in ("action_mae_norm", "latent_mse")):  # never a success
+        result["error"] = (
+            f"non-finite scores (action MAE {o['action_mae_norm']}, latent MSE {o['latent_mse']})"
+        )
+        _say(f"evaluate: FAILED: {result['error']}: the model's predictions are not finite (a diverged run?)")
     return result
 
 
@@ -222,6 +228,7 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
                                    sets, seed, device, plots_dir)  # fmt: skip
         else:
             result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
+            code = EXIT_FAILED if "error" in result else EXIT_OK
     except SimEnvError as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         request.emit(outcome(EXIT_FAILED, error=str(exc)))
