@@ -430,7 +430,9 @@ def test_prepare_writes_and_reads_the_reference_latents_layout(written, released
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("version", [V30])  # v2.1: see the module docstring
-def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp_path, preflight_record):
+def test_bin_train_two_steps_on_a_lerobot_dataset(
+    writer, version, released, tmp_path, preflight_record, monkeypatch
+):
     import torch
 
     root = tmp_path / "ds"
@@ -460,6 +462,24 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(writer, version, released, tmp
     assert torch.equal(data.prompts[0], data.prompts[2]) and not torch.equal(data.prompts[0], data.prompts[1])
     result = evaluate(str(run), "all", "furniture_train", True, (), 0, "cpu")
     assert result["episodes"] == 3 and sorted(result["per_episode"]) == sorted(data.names)
+    # a guidance that overflows float32: non-finite scores are a failure (exit 1, named), never exit 0
+    from trainer.evaluation.cli import main as evaluate_main
+
+    argv = [
+        str(run),
+        "--cpu-scale",
+        "--plots-dir",
+        str(tmp_path / "plots"),
+        "--json-file",
+        str(tmp_path / "o"),
+    ]
+    argv += ["--set", "infer.guidance=3e38", "--set", "infer.action_guidance=3e38"]
+    monkeypatch.setattr("sys.argv", ["bin/evaluate", *argv])  # where its --json-file is read
+    with pytest.raises(SystemExit) as ended:
+        evaluate_main.main(argv, standalone_mode=False)
+    assert ended.value.code == 1
+    said = json.loads((tmp_path / "o").read_text())
+    assert said["ok"] is False and "non-finite scores" in said["error"], said
 
 
 @pytest.mark.fast
