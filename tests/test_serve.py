@@ -30,7 +30,7 @@ import pytest
 import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 
-from tests.support.runs import REPO, TIMEOUT, clean_env, seed_preflight, set_args, tiny
+from tests.support.runs import REPO, TIMEOUT, clean_env, said, seed_preflight, set_args, tiny
 from trainer.evaluation.replay import replay_episodes, replay_open_loop
 from trainer.serving.client import PolicyClient, ServerError
 
@@ -246,14 +246,7 @@ def test_bad_messages_get_an_error_and_the_other_connection_keeps_working(traine
 
 
 def _said(server: Served, predicate, timeout: float = 30) -> bool:
-    """Whether the server's output (read by a thread) holds a line satisfying `predicate`, polled with
-    a deadline: a log line reaches `lines` a moment after the reply that it accompanies."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate(list(server.lines)):
-            return True
-        time.sleep(0.05)  # polling the reader thread's list, with a deadline
-    return False
+    return said(server.lines, predicate, timeout)
 
 
 def _status(uri: str, key: str | None) -> int:
@@ -334,7 +327,7 @@ def test_camera_aliases_serve_libero_keys_to_a_furniture_run(trained):
     from trainer.evaluation.standin import StandInSim
 
     agent, wrist = LIBERO_CAMERAS
-    for bad, said in ((["--camera", "no-equals"], "expected CLIENT_KEY=RUN_CAMERA"),
+    for bad, why in ((["--camera", "no-equals"], "expected CLIENT_KEY=RUN_CAMERA"),
                       (["--camera", f"{agent}=rear", "--camera", f"{wrist}=color_image1"],
                        "'rear' is not one of the run's cameras")):  # fmt: skip
         out = subprocess.run(
@@ -342,7 +335,7 @@ def test_camera_aliases_serve_libero_keys_to_a_furniture_run(trained):
             cwd=REPO, env=trained.env, capture_output=True, text=True, timeout=TIMEOUT,
         )  # fmt: skip
         last = out.stderr.strip().splitlines()[-1]
-        assert out.returncode == 2 and said in last and last.startswith("serve: --camera"), out.stderr
+        assert out.returncode == 2 and why in last and last.startswith("serve: --camera"), out.stderr
     mapped = ["--camera", f"{agent}=color_image2", "--camera", f"{wrist}=color_image1"]
     argv = [
         str(REPO / "bin" / "serve"),

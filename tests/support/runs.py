@@ -141,6 +141,17 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout} s waiting for {root}/{pattern}")
 
 
+def said(lines: list[str], predicate, timeout: float = 30) -> bool:
+    """Whether a program's output, read into `lines` by a thread, comes to satisfy `predicate`, polled
+    with a deadline: a server's log line for a request reaches `lines` a moment after its reply."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate(list(lines)):
+            return True
+        time.sleep(0.05)  # polling the reader thread's list, with a deadline
+    return False
+
+
 def pause_env(pause_dir: Path, point: str, rank: int = 0) -> dict[str, str]:
     pause_dir.mkdir(parents=True, exist_ok=True)
     return {
