@@ -35,6 +35,10 @@ TINY = {
 }
 
 
+# the traced plans' claims hold for any micro-step count: one traces each candidate once, not 3 times
+ONE_MICRO = {"train.grad_accum": 1}
+
+
 def tiny(**more):
     return load_config("furniture_train", cpu_scale=False, overrides={**TINY, **more})
 
@@ -125,7 +129,7 @@ def test_plan_of_a_tiny_model_and_its_refusal():
     from trainer.plan.gpus import GpuKind
     from trainer.plan.report import format_plan, refusal_message
 
-    cfg = tiny()
+    cfg = tiny(**ONE_MICRO)
     plan = estimate.make_plan(cfg, 2, 1, [gpu_kind("B200")])
     total = plan.memory["total"]
     assert total > 0 and plan.memory["optimizer_state"] > 0 and plan.kinds[0].fits
@@ -143,7 +147,7 @@ def test_plan_of_a_tiny_model_and_its_refusal():
 
 @pytest.mark.heavy  # a bin/train run (it starts no rank)
 def test_plan_command_json(tmp_path):
-    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    sets = [a for k, v in {**TINY, **ONE_MICRO}.items() for a in ("--set", f"{k}={v}")]
     proc = subprocess.run(
         [str(ROOT / "bin" / "train"), "furniture_train", "2", "--plan", "--gpu", "H200", "--json", *sets],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
@@ -203,7 +207,7 @@ def test_a_plan_leaves_no_fake_tensor_behind_for_a_real_step_in_the_same_process
     from trainer.plan.memory import synthetic_micro_batch, traced_peak
     from trainer.recipe import draws as recipe
 
-    cfg = tiny()
+    cfg = tiny(**ONE_MICRO)
     recipe._real_tables.cache_clear()
     torch.manual_seed(0)
     model = WorldModel(cfg)

@@ -22,6 +22,7 @@ evaluates it on a broadcast index grid (`dense_mask`), so the two cannot drift a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -146,8 +147,10 @@ def dense_mask(mask_mod, length: int, device: torch.device | str = "cpu") -> tor
     return mask_mod(zero, zero, q_idx, kv_idx)
 
 
+@functools.lru_cache(maxsize=64)
 def mask_density(shape: SequenceShape, batch_size: int, frames_per_chunk: int, window: int) -> float:
-    """Mean number of attended keys per real query token (for the FLOP count)."""
+    """Mean number of attended keys per real query token (for the FLOP count), once per shape: a dense
+    mask of the whole micro-batch (4,224 tokens squared at the cluster config), built for every plan row."""
     layout = token_layout(shape, batch_size, frames_per_chunk, pad_to=1)
     allowed = dense_mask(lingbot_mask_mod(layout, window), layout.length)
     return float(allowed.sum()) / layout.length
