@@ -159,8 +159,8 @@ def test_out_of_space_in_the_latent_cache(tmp_path, tmpfs, base_env, preflight_r
     # nothing half-written: no manifest (the completion marker), no temporary file, no partial entry
     written = [p for p in latents.rglob("*") if p.is_file()]
     assert not [p for p in written if p.name == "manifest.json" or p.name.endswith(".tmp")], written
-    filler.unlink()  # free space: the re-run prepares the cache and completes
-    rc, out, err = finish(launch(run_dir, data, base_env, "train.steps=2"))
+    filler.unlink()  # free space: the re-run prepares the cache and completes (one rank: no checkpoint yet)
+    rc, out, err = finish(launch(run_dir, data, base_env, "train.steps=2", nproc=1))
     assert rc == 0, err
     s = summary(run_dir)
     assert (s["status"], s["resumed_from"], s["last_step"]) == ("completed", None, 2)

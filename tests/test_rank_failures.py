@@ -2,7 +2,8 @@
 Python traceback there (a rank's nor torchrun's ChildFailedError); the tracebacks stay in the attempt's
 files, and the line says the next run fails the same way until the input is fixed.
 
-Runs bin/train itself (the bash entry point, the launcher, torchrun, two gloo ranks) on a tiny model. The
+Runs bin/train itself (the bash entry point, the launcher, torchrun, one gloo rank) on a tiny model (the
+filtering of a two-rank torchrun transcript: tests/test_failure_lines.py, on a recorded one). The
 run dir is seeded with the session's recorded compile-check pass (tests/support/runs.py: seed_preflight),
 so the preflight skips its compiles: the claim is about the ranks. The compile checks themselves run in
 conftest's `preflight_record` (a real `--preflight-only`) and tests/test_slurm.py's `requeue` scenario.
@@ -35,7 +36,7 @@ def test_an_unreadable_episode_fails_in_one_line_with_the_traceback_kept(tmp_pat
     seed_preflight(run_dir, preflight_record)  # the session's compile-check pass: not a preflight test
     sets = [a for item in [*TINY, f"data.path={data}"] for a in ("--set", item)]
     out = subprocess.run(
-        [str(REPO / "bin" / "train"), "furniture_train", "2", "--run-dir", str(run_dir), *sets],
+        [str(REPO / "bin" / "train"), "furniture_train", "1", "--run-dir", str(run_dir), *sets],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr[-3000:]

@@ -176,7 +176,7 @@ def test_kill9_of_one_rank_mid_checkpoint_fails_naming_it_and_keeps_the_previous
     s = summary(run_dir)
     assert s["status"] == "failed" and s["exit_code"] == 1
     assert s["failed_rank"] == 1, s
-    assert "rank 1" in s["reason"] and "SIGKILL" in s["rank_error"], s
+    assert "rank 1" in s["reason"] and "SIGKILL" in s["reason"] and "SIGKILL" in s["rank_error"], s
     assert s["last_complete_checkpoint"]["step"] == 2
     assert complete_steps(run_dir) == [2]  # the half-written checkpoint 4 is not taken for complete
     assert "FAILED: rank 1" in out

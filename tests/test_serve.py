@@ -35,7 +35,7 @@ from trainer.evaluation.replay import replay_episodes, replay_open_loop
 from trainer.serving.client import PolicyClient, ServerError
 
 pytestmark = pytest.mark.heavy
-F, STEPS, N = 2, 2, 4  # N: actions per latent frame = the stand-in's temporal factor (4 key frames each)
+F, STEPS, N = 2, 1, 4  # N: actions per latent frame = the stand-in's temporal factor (4 key frames each)
 INFER = [f"infer.frames_per_chunk={F}", f"infer.video_steps={STEPS}", f"infer.action_steps={STEPS}"]
 KEY = "k3y-for-the-test"
 LIMIT = 4 * 2**20  # --max-frame-bytes: a chunk's key frames (4 x 2 frames x 2 views x 224 x 224 x 3) fit

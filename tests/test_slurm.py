@@ -19,7 +19,7 @@ every end of a run (each requeue and the final state), so a FAILED shorter than 
 
 Ranks per job (a rank costs ~4-5 CPU-s per attempt on a host whose suite is bounded by CPU): 2 where the
 claim is about ranks: the 2-rank reference (`complete`), a rank's error (rank_error: rank 1 named), kill -9
-of a rank (kill9_rank) or of torchrun (kill9_torchrun: every orphaned rank ended), usr1_slow (rank 0 held
+of torchrun (kill9_torchrun: every orphaned rank ended), usr1_slow (rank 0 held
 inside an FSDP save while rank 1 waits; the README timeline); two_nodes_usr1 is 2 nodes x 1 rank. The
 others run 1 rank: their claim is Slurm's signal -> bin/train -> save -> requeue path, or the warning's
 lead covering an 80 s save (time_limit_slow), or KillWait ending a longer one, with Slurm still
@@ -36,7 +36,11 @@ reference): preflight_usr1; time_limit (Slurm's warning -> save at a step -> req
 time_limit_slow (the same warning path, with a slow save) and usr1_first_step and two_nodes_usr1 (USR1,
 what the warning sends the batch shell, at a step); two_nodes (`--nnodes 2` COMPLETED, NumNodes 2, nnodes
 and world_size 2, losses == 1 node x 2 ranks, bitwise): two_nodes_usr1, whose requeued attempt runs
-2 nodes uninterrupted to COMPLETED, with those asserts.
+2 nodes uninterrupted to COMPLETED, with those asserts; usr1 (1 rank, USR1 at step 3 -> save at 3 ->
+requeue -> resume bitwise): two_nodes_usr1 (the same at step 3, 2 nodes), usr1_first_step (1 node, 1 rank)
+and usr1_slow (resumed from a mid-run save); kill9_rank (kill -9 of rank 1: FAILED 1:0, failed_rank 1,
+SIGKILL in the reason): rank_error (a rank's failure is FAILED 1:0 under Slurm, the same verdict code) and
+test_resume's kill -9 of rank 1 (failed_rank 1, SIGKILL in the reason and the rank's error).
 """
 
 from __future__ import annotations
@@ -77,7 +81,6 @@ from tests.support.slurm_watch import JobWatch
 TINY = tiny(keep=3, tensorboard=None)
 NPROC = 2
 ONE_RANK = {
-    "usr1",
     "usr1_first_step",
     "requeue",
     "time_limit_slow",
@@ -280,12 +283,6 @@ def drive_rank_error(cluster: SlurmCluster, sc: Scenario) -> dict:
     return wait_final(cluster, sc)
 
 
-def drive_kill9_rank(cluster: SlurmCluster, sc: Scenario) -> dict:
-    poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 1 to pause at step 3")
-    os.kill(reached_pid(sc), signal.SIGKILL)
-    return wait_final(cluster, sc)
-
-
 def drive_kill9_torchrun(cluster: SlurmCluster, sc: Scenario) -> dict:
     poll(cluster, sc, lambda: reached(sc) is not None, JOB_TIMEOUT, "rank 0 to pause at step 3")
     torchrun = psutil.Process(reached_pid(sc)).parent()
@@ -398,19 +395,18 @@ def scenarios(root: Path, data_dir: Path) -> list[tuple[Scenario, Callable]]:
     s.pause("step:2", rank=1)
     s.env["LINGBOT_TEST_PAUSE_DIR"] = str(s.root / "missing-dir")  # rank 1 raises FileNotFoundError there
     out.append((s, drive_rank_error))
-    s = sc("kill9_rank")
-    s.pause("step:3", rank=1)
-    out.append((s, drive_kill9_rank))
     s = sc("kill9_torchrun")
     s.pause("step:3")
     out.append((s, drive_kill9_torchrun))
     for slow in (False, True):
         suffix = "_slow" if slow else ""
         point = "checkpoint:4" if slow else "step:3"
-        s = sc(f"usr1{suffix}")
-        s.pause(point)
-        out.append((s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow)))
-        if slow:  # Slurm's own time-limit warning: only with the slow save (its lead must cover it)
+        if slow:  # at a step: two_nodes_usr1 and usr1_first_step (the docstring)
+            s = sc("usr1_slow")
+            s.pause(point)
+            out.append(
+                (s, drive_stop(["scancel", "--batch", "--signal=USR1"], slow))
+            )  # Slurm's own time-limit warning: only with the slow save (its lead must cover it)
             # The warning comes --signal-lead s before the limit (slurmctld checks about every 30 s):
             # 200 s for an 80 s save (lead > save + the check's jitter + exit).
             lead = 200
@@ -573,7 +569,7 @@ def test_the_compile_checks_run_once_per_node_and_env(outcomes):
     pass, which its requeued attempt reused (one "not rerun" line in the job's log, the second attempt's);
     a seeded one reused the session's pass (same node, boot, env, variables, check code) from its first
     preflight instead of compiling again."""
-    for name in ("requeue", "complete", "rank_error", "usr1"):
+    for name in ("requeue", "complete", "rank_error", "usr1_first_step"):
         sc, record = outcome(outcomes, name)
         log = slurm_log(sc)
         preflights = log.split("\n[bin/train] preflight passed")  # each attempt's preflight step ends so
@@ -593,14 +589,6 @@ def test_a_rank_runtime_error_fails_the_job_naming_the_rank(outcomes):
     assert "FileNotFoundError" in result["reason"], result
 
 
-def test_kill9_of_a_rank_fails_the_job_naming_the_rank(outcomes):
-    sc, record = outcome(outcomes, "kill9_rank")
-    assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", (record, slurm_output(sc))
-    result = summary(sc)
-    assert result["status"] == "failed" and result["failed_rank"] == 1, result
-    assert "SIGKILL" in result["reason"], result
-
-
 def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
     sc, record = outcome(outcomes, "kill9_torchrun")
     assert record["JobState"] == "FAILED" and record["ExitCode"] == "1:0", (record, slurm_output(sc))
@@ -613,7 +601,6 @@ def test_kill9_of_torchrun_fails_and_leaves_no_rank_running(outcomes):
 @pytest.mark.parametrize(
     "name",
     [
-        "usr1",
         "usr1_first_step",
         "requeue",
         "usr1_slow",
