@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from tests.support.lingbot_tiny import TinyStream, tiny_cfg
-from tests.support.runs import fork_ranks
 from trainer.config import RunConfig
 from trainer.model import WorldModel
 from trainer.model.parallel import (
@@ -81,7 +81,7 @@ def _rank_main(rank, init_file, out_dir):
 @pytest.mark.slow
 def test_grad_sync_last_equals_every_and_unsharded(tmp_path):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    fork_ranks(_rank_main, (tmp_path / "init", tmp_path), WORLD)
+    mp.spawn(_rank_main, args=(tmp_path / "init", tmp_path), nprocs=WORLD, join=True)
     result = json.loads((tmp_path / "losses.json").read_text())
 
     # reference: one unsharded model that runs both ranks' micro-batches, averaging over ranks

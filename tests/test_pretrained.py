@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from tests.support.lingbot_tiny import micro_batch, tiny_cfg
-from tests.support.runs import fork_ranks
 from trainer.model import PretrainedError, WorldModel, apply_pretrained_config, export_reference, load_full
 from trainer.model.weights import CONFIG_NAME, INDEX_NAME, WEIGHTS_NAME, resolve_transformer_dir
 
@@ -178,7 +178,7 @@ def _rank_main(rank, init_file, folder, out_dir):
 def test_sharded_loading_under_fsdp2_matches_the_files_and_exports_back(released, tmp_path):
     cfg, model, folder = released
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    fork_ranks(_rank_main, (tmp_path / "init", folder, tmp_path), WORLD)
+    mp.spawn(_rank_main, args=(tmp_path / "init", folder, tmp_path), nprocs=WORLD, join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     # each rank holds half the rows of a block's weight: it read only its slice
     assert ranks[0]["rows"]["blocks.0.ffn.net.0.proj.weight"] == 96 // WORLD

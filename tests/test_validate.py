@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from tests.support.runs import fork_ranks, launcher_argv, seed_preflight
+from tests.support.runs import launcher_argv, seed_preflight
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -165,7 +166,7 @@ def test_held_out_losses_do_not_depend_on_the_rank_count(tmp_path, data_dir):
     for world in (1, 2):
         out = tmp_path / f"world{world}.json"
         args = (world, tmp_path / f"init{world}", data_dir, out)
-        fork_ranks(_rank_main, args, world)
+        mp.spawn(_rank_main, args=args, nprocs=world, join=True)
         results[world] = json.loads(out.read_text())
     for world, (first, second) in results.items():
         assert (first["latent_loss"], first["action_loss"]) == (second["latent_loss"], second["action_loss"])

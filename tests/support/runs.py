@@ -152,17 +152,6 @@ def said(lines: list[str], predicate, timeout: float = 30) -> bool:
     return False
 
 
-def fork_ranks(fn, args: tuple, nprocs: int) -> None:
-    """torch.multiprocessing.spawn's rank processes for in-process FSDP tests, forked: each starts with
-    this worker's imports instead of importing torch afresh (~2 CPU-s a rank); spawned only where this
-    process has initialised CUDA, which a fork cannot carry."""
-    import torch
-    import torch.multiprocessing as mp
-
-    method = "spawn" if torch.cuda.is_initialized() else "fork"
-    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method=method)
-
-
 def pause_env(pause_dir: Path, point: str, rank: int = 0) -> dict[str, str]:
     pause_dir.mkdir(parents=True, exist_ok=True)
     return {
