@@ -9,7 +9,8 @@
   not count as idle;
 - a wrong key (401) and a connection over --max-connections (503) are WARNING lines naming the peer and
   the fix (upstream's client retries both every 5 s and says why only at INFO level);
-- bin/serve refuses a negative --idle-timeout in one line, exit 2, before loading anything.
+- bin/serve refuses a negative --idle-timeout in one line, exit 2, before loading anything; a port in use
+  is one line, exit 1, before loading anything too (it was said only after the model had loaded).
 
 No sleep synchronises anything: the tests wait for the server's lines, the close frame or the socket's
 end, each with a deadline.
@@ -212,3 +213,19 @@ def test_bin_serve_refuses_a_negative_idle_timeout_in_one_line():
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == ["serve: --idle-timeout -1: expected seconds >= 0 (0: never)"]
+
+
+def test_a_port_in_use_is_said_before_anything_loads(capsys, monkeypatch):
+    from trainer.serving import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["no-such-run", "--port", str(port), "--host", "127.0.0.1"]  # a TARGET that would fail to load
+        monkeypatch.setattr("sys.argv", ["bin/serve", *argv])
+        with pytest.raises(SystemExit) as ended:
+            cli.main.main(argv, standalone_mode=False)
+    assert ended.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"serve: cannot listen on 127.0.0.1:{port}: Address already in use"], lines

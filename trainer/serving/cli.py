@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -71,6 +72,21 @@ def _camera_syntax(items: tuple[str, ...]) -> None:
             raise click.BadParameter(f"--camera {item!r}: expected CLIENT_KEY=RUN_CAMERA")
 
 
+def bindable(host: str, port: int) -> None:
+    """Bind each of HOST's addresses at PORT as the server will (SO_REUSEADDR, IPv6 apart), then let go:
+    the OSError of a port in use or an address this node lacks, before anything loads. --port 0 (any
+    free one) always binds. The server's own bind still decides: the port can be taken in between."""
+    if port == 0:
+        return
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    for family, kind, proto, _, addr in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            probe.bind(addr)
+
+
 def serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
           device, cameras=(), idle_timeout=DEFAULT_IDLE_S) -> int:  # fmt: skip
     import dataclasses
@@ -89,6 +105,7 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
         raise click.BadParameter(f"--max-frame-bytes {max_frame_bytes}: expected at least 1024")
     if not 0 <= idle_timeout < float("inf"):  # NaN and inf too
         raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
+    bindable(host, port)  # a port in use is said now, not after the (slow) load
     try:
         served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
     except OSError as exc:  # was said as "cannot listen on HOST:PORT" whatever file it was
