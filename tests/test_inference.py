@@ -172,6 +172,11 @@ def test_open_loop_evaluation_counts_and_is_reproducible(model):
 def test_evaluate_targets_are_named_in_errors(tmp_path):
     with pytest.raises(TargetError, match="no such directory"):
         resolve_target(tmp_path / "missing")
+    (tmp_path / "model.safetensors").write_bytes(b"")  # a file given for the folder that holds it
+    with pytest.raises(
+        TargetError, match=r"model\.safetensors: a file, not a directory \(expected a run dir"
+    ):
+        resolve_target(tmp_path / "model.safetensors")
     with pytest.raises(TargetError, match=r"neither a run dir"):
         resolve_target(tmp_path)
     (tmp_path / "checkpoints").mkdir()

@@ -46,9 +46,8 @@ def resolve_target(target: str | Path) -> tuple[str, Path]:
     """("checkpoint", dir) or ("reference", transformer dir); TargetError otherwise."""
     path = Path(target)
     if not path.is_dir():
-        raise TargetError(
-            f"{path}: no such directory (expected a run dir, a checkpoint or a released folder)"
-        )
+        what = "a file, not a directory" if path.exists() else "no such directory"
+        raise TargetError(f"{path}: {what} (expected a run dir, a checkpoint or a released folder)")
     if _is_checkpoint(path):
         return "checkpoint", _intact(path)
     if (path / "checkpoints").is_dir():
