@@ -6,6 +6,7 @@ targets, a DCP checkpoint loaded unsharded, and the evaluation's counts and dete
 
 import json
 
+import click
 import numpy as np
 import pytest
 import torch
@@ -13,11 +14,12 @@ import torch
 from tests.support.lingbot_tiny import VIEWS, tiny_cfg
 from trainer.config import InferConfig
 from trainer.data.normalize import QuantileNormalizer
+from trainer.evaluation.cli import held_out, scores_failure
 from trainer.evaluation.openloop import Episode, evaluate_open_loop
 from trainer.model import WorldModel
 from trainer.model.kv_cache import LayerKVCache
 from trainer.recipe.batch import ACTION_SLOTS, action_slot_mask
-from trainer.sampling.load import TargetError, load_model, resolve_target
+from trainer.sampling.load import TargetError, check_named_config, load_model, resolve_target
 from trainer.sampling.sampler import ChunkSampler
 from trainer.sampling.scheduler import FlowSchedule
 
@@ -167,6 +169,26 @@ def test_open_loop_evaluation_counts_and_is_reproducible(model):
     for i, (name, v) in enumerate(o["per_channel"].items()):
         assert v["mae_robot"] == pytest.approx(v["mae_norm"] * span[i], rel=1e-4), name
     assert evaluate_open_loop(_sampler(model), eps, ACTION_SLOTS, norm, seed=4) != first
+    assert scores_failure(first, F) == ""
+
+
+def test_nothing_predicted_or_no_episode_named_is_never_a_score(model):
+    """Found by running it: episodes shorter than one chunk (or `--episodes ,`, which named none) scored
+    action MAE 0.0, a perfect score, and bin/evaluate exited 0 having predicted nothing."""
+    norm = QuantileNormalizer(np.full(8, -1, np.float32), np.ones(8, np.float32))
+    short = evaluate_open_loop(_sampler(model), _episodes(model, frames=F - 1), ACTION_SLOTS, norm)
+    assert short["overall"]["actions"] == 0 and short["overall"]["action_mae_norm"] == 0.0
+    assert scores_failure(short, F) == (
+        f"no action was predicted: 2 episode(s), {2 * (F - 1)} latent frame(s) left over, none a whole "
+        f"chunk of infer.frames_per_chunk={F}"
+    )
+    nothing = evaluate_open_loop(_sampler(model), [], ACTION_SLOTS, norm)
+    assert scores_failure(nothing, F).startswith("no action was predicted: 0 episode(s)")
+    cfg = tiny_cfg()
+    for requested in ("", ",", " , "):
+        with pytest.raises(click.BadParameter, match="names no episode"):
+            held_out(["a", "b"], cfg, requested)
+    assert held_out(["a", "b"], cfg, "b, a")[0] == ["b", "a"]
 
 
 def test_evaluate_targets_are_named_in_errors(tmp_path):
@@ -214,6 +236,11 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
     (ckpt / "COMPLETE").write_text(json.dumps({"step": 7, "files": files}))
     loaded, cfg, what = load_model(tmp_path, None)
     assert "checkpoint_step_7" in what and cfg.model.dim == model.cfg.model.dim
+    # --config names a reference folder's config; a checkpoint's own was used whatever it said (unsaid)
+    check_named_config(tmp_path, None)
+    check_named_config(tmp_path, cfg.name)
+    with pytest.raises(TargetError, match=f"--config robotwin: .* is a checkpoint of a '{cfg.name}' run"):
+        check_named_config(tmp_path, "robotwin")
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 

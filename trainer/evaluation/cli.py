@@ -47,8 +47,13 @@ def _say(line: str) -> None:
 
 def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], str]:
     """The episode names to evaluate and the banner that says how they were chosen."""
-    if requested and requested != "all":
+    if requested is not None and requested != "all":
         wanted = [n.strip() for n in requested.split(",") if n.strip()]
+        if not wanted:  # "" or ",": it evaluated nothing and scored a perfect 0.0
+            raise click.BadParameter(
+                f"--episodes {requested!r} names no episode; name some (a,b), say 'all', or leave --episodes "
+                "out for the held-out split"
+            )
         unknown = [n for n in wanted if n not in names]
         if unknown:
             raise click.BadParameter(f"unknown episode(s) {', '.join(unknown)}; known: {', '.join(names)}")
@@ -107,12 +112,28 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         _say(f"evaluate:   {group:<9} MAE {v['mae_norm']:.4f} normalised, {v['mae_robot']:.5f} robot units")
     for name, path in result["plots"].items():
         _say(f"evaluate: plot {name}: {path}")
-    if not all(math.isfinite(float(o[k])) for k in ("action_mae_norm", "latent_mse")):  # never a success
-        result["error"] = (
-            f"non-finite scores (action MAE {o['action_mae_norm']}, latent MSE {o['latent_mse']})"
-        )
-        _say(f"evaluate: FAILED: {result['error']}: the model's predictions are not finite (a diverged run?)")
+    failure = scores_failure(result, cfg.infer.frames_per_chunk)
+    if failure:
+        result["error"] = failure
+        _say(f"evaluate: FAILED: {failure}")
     return result
+
+
+def scores_failure(result: dict, frames_per_chunk: int) -> str:
+    """Why an open-loop result is not a score ("" if it is): nothing predicted (it scores 0.0, a perfect
+    score: episodes shorter than one chunk), or scores that are not finite (a diverged run)."""
+    o = result["overall"]
+    if not o["actions"]:
+        return (
+            f"no action was predicted: {result['episodes']} episode(s), {o['frames_skipped']} latent "
+            f"frame(s) left over, none a whole chunk of infer.frames_per_chunk={frames_per_chunk}"
+        )
+    if not all(math.isfinite(float(o[k])) for k in ("action_mae_norm", "latent_mse")):
+        return (
+            f"non-finite scores (action MAE {o['action_mae_norm']}, latent MSE {o['latent_mse']}): the "
+            "model's predictions are not finite (a diverged run?)"
+        )
+    return ""
 
 
 def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, cpu_scale, sets, seed,
@@ -185,7 +206,9 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 @click.argument("target")
 @click.option("--episodes", default=None, help="comma-separated episode names, or 'all' (default: held out)")
 @click.option(
-    "--config", default=None, help="run config for a released folder (furniture_train; --sim libero: libero)"
+    "--config",
+    default=None,
+    help="run config for a released folder (furniture_train; --sim libero: libero); a checkpoint has its own",
 )
 @click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
 @click.option("--set", "sets", multiple=True, help="key=value override, e.g. infer.video_steps=2")
@@ -215,14 +238,15 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
     from trainer.data.formats.furniturebench import DatasetError
     from trainer.evaluation.sim.env import SimEnvError
     from trainer.evaluation.sim.suites import UsageError
-    from trainer.sampling.load import TargetError
+    from trainer.sampling.load import TargetError, check_named_config
 
     request = JsonRequest.from_argv(sys.argv[1:])
     request.capture_stdout()
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
-    config = config or ("libero" if sim == "libero" else "furniture_train")
+    named, config = config, config or ("libero" if sim == "libero" else "furniture_train")
     code = EXIT_OK
     try:
+        check_named_config(target, named)  # a checkpoint's config is its own: --config was ignored unsaid
         if sim:
             result, code = run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, scale,
                                    sets, seed, device, plots_dir)  # fmt: skip

@@ -93,6 +93,23 @@ def checkpoint_config(path: Path) -> RunConfig:
     return cfg
 
 
+def check_named_config(target: str | Path, named: str | None) -> None:
+    """--config names the run config a reference-layout folder is loaded with; a checkpoint carries its own
+    (its train_state.json), which was used whatever --config said. TargetError for a --config that names
+    another config than the checkpoint's own; the same name, or none, passes."""
+    if not named:
+        return
+    kind, path = resolve_target(target)
+    if kind != "checkpoint":
+        return
+    own = checkpoint_config(path).name
+    if own != named:
+        raise TargetError(
+            f"--config {named}: {path} is a checkpoint of a {own!r} run, which carries its own config "
+            f"({path / TRAIN_STATE}); drop --config (infer.* settings go through --set)"
+        )
+
+
 def load_checkpoint_model(path: Path, cfg: RunConfig):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException

@@ -92,6 +92,7 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     import dataclasses
 
     from trainer.config import load_config, parse_set  # noqa: F401 - fail fast on a broken install
+    from trainer.sampling.load import check_named_config
     from trainer.serving.protocol import parse_aliases
     from trainer.serving.server import Limits, PolicyServer
     from trainer.serving.session import load_served
@@ -106,8 +107,9 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     if not 0 <= idle_timeout < float("inf"):  # NaN and inf too
         raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
     bindable(host, port)  # a port in use is said now, not after the (slow) load
+    check_named_config(target, config)  # a checkpoint's config is its own: --config was ignored unsaid
     try:
-        served = load_served(target, config, cpu_scale, list(sets), device, seed, _say)
+        served = load_served(target, config or "furniture_train", cpu_scale, list(sets), device, seed, _say)
     except OSError as exc:  # was said as "cannot listen on HOST:PORT" whatever file it was
         raise _LoadFailed(f"loading {target} failed: {exc.filename or ''}: {exc.strerror or exc}") from exc
     try:
@@ -174,7 +176,9 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     help="close a connection that sends nothing for this many seconds, freeing its slot (0: never)",
 )
 @click.option(
-    "--config", default="furniture_train", show_default=True, help="run config for a released folder"
+    "--config",
+    default=None,
+    help="run config for a released folder (default furniture_train); a checkpoint's is its own",
 )
 @click.option("--cpu-scale/--full-scale", default=None, help="config scale for a released folder")
 @click.option("--seed", default=0, show_default=True, help="noise seed (per connection's episode and chunk)")
