@@ -34,6 +34,7 @@ from provision.check.table import TABLE, CheckSpec, run_table, select
 from provision.envvars import job_environment
 from provision.spec import load_spec
 from tests.support.channel import index_channel
+from tests.support.hidden import without
 from tests.support.ninja_pkg import ninja_package, openssl_package
 
 REPO = Path(__file__).resolve().parents[1]
@@ -667,3 +668,28 @@ def test_worker_with_toolchain_passes_activated(worker, envs, worker_env, tmp_pa
     for name in ("compile.triton_build", "compile.inductor_cpp"):
         assert checks[name]["status"] == PASS and inside(checks[name]["details"]["compiler_path"], envs.tool)
     assert report["fast"] and "compile.flex_attention" not in checks and "gpu.cuda" not in checks
+
+
+@pytest.mark.heavy
+@pytest.mark.worker
+def test_worker_without_the_envs_openssl_fails_inductors_row_naming_it(worker, envs, worker_env, tmp_path):
+    """Inductor's CPU precompiled header runs `openssl sha512` (torch/_inductor/codecache.py): on a worker
+    image without one, an env that lacks it fails both its row and Inductor's C++ compile, each naming the
+    package (was a FileNotFoundError traceback). The env's own openssl is hidden (tests/support/hidden.py),
+    the system's already is (the worker simulation); the other compile rows do not read it (`--only`). This
+    was the emulated aarch64 lane's openssl run (145 s under qemu), which now asserts only the row there."""
+    out = tmp_path / "report.json"
+    argv = [*ENVCHECK, "--prefix", str(envs.tool), "--worker", "--json-file", str(out),
+            "--only", "toolchain.openssl,compile.inductor_cpp"]  # fmt: skip
+    proc = worker.run(without(envs.tool, ["bin/openssl"], argv, tmp_path / "overlay"), env=worker_env,
+                      cwd=REPO, timeout=900)  # fmt: skip
+    assert out.is_file(), proc.stdout + proc.stderr
+    checks = by_name(json.loads(out.read_text()))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    ssl, inductor = checks["toolchain.openssl"], checks["compile.inductor_cpp"]
+    broken = "openssl is installed but broken or incomplete: provision the env"  # its record is there
+    assert ssl["status"] == FAIL and broken in ssl["fix"], ssl
+    assert inductor["status"] == FAIL, inductor
+    assert "no `openssl` command (Inductor's precompiled header runs `openssl sha512`)" in inductor["message"]
+    assert broken in inductor["fix"], inductor
+    assert (envs.tool / "bin" / "openssl").is_file()  # the env itself is as it was
