@@ -327,14 +327,14 @@ def load_cached(cfg, directory: Path, manifest: dict, found: Discovery, log) -> 
     return latents, actions, text, summary, names
 
 
-def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
-    """Make sure the dataset and its latent cache exist (preparing on rank 0), load it, build the stream."""
+def build_stream(cfg, rank: int, world_size: int, should_stop=None) -> BatchStream:
+    """Dataset and latent cache made sure of (rank 0 prepares; should_stop: see ensure_cache), loaded."""
     from trainer.data.cache.prepare import data_root, ensure_cache
     from trainer.data.formats.multiroot import data_roots
 
     log = _log(rank)
     if len(data_roots(cfg)) > 1:  # several LeRobot roots: one cache each, one stream
-        return _several_roots(cfg, rank, world_size, log)
+        return _several_roots(cfg, rank, world_size, log, should_stop)
     ensure_dataset(cfg)
     tmp: Path | None = None
     if not cfg.data.latent_cache:
@@ -344,9 +344,9 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
         cfg.data.cache_dir = str(tmp)
     try:
         # A temporary cache is private to this rank (its own mkdtemp): the rank encodes it alone, with no
-        # collective, instead of waiting on rank 0's copy that it cannot see.
+        # collective, instead of waiting on rank 0's copy that it cannot see (a stop: at the first step).
         directory, manifest = (
-            ensure_cache(cfg, 0, 1, log) if tmp is not None else ensure_cache(cfg, rank, world_size, log)
+            ensure_cache(cfg, 0, 1, log) if tmp else ensure_cache(cfg, rank, world_size, log, should_stop)
         )
         found = discover_source(cfg, data_root(cfg))
         try:
@@ -373,7 +373,7 @@ def build_stream(cfg, rank: int, world_size: int) -> BatchStream:
     )
 
 
-def _several_roots(cfg, rank: int, world_size: int, log) -> BatchStream:
+def _several_roots(cfg, rank: int, world_size: int, log, should_stop) -> BatchStream:
     from trainer.data.cache.prepare import announce, ensure_cache
     from trainer.data.formats.multiroot import combine, data_roots, for_root
 
@@ -381,7 +381,7 @@ def _several_roots(cfg, rank: int, world_size: int, log) -> BatchStream:
     for root in data_roots(cfg):
         one = for_root(cfg, root)
         ensure_dataset(one)
-        directory, manifest = ensure_cache(one, rank, world_size, log)
+        directory, manifest = ensure_cache(one, rank, world_size, log, should_stop)
         found = discover_source(one, root)
         parts.append((*load_cached(one, directory, manifest, found, lambda line: None), manifest))
     latents, actions, text, summary, names, normalised = combine(cfg, parts, log)

@@ -80,6 +80,14 @@ class NonfinitePolicy:
         found.policy, found.skipped = self.mode, len(self.skipped)
         return STOP
 
+    def skip_note(self, found: Diverged) -> str:
+        """The WARNING for a step whose update was skipped (the data position still advances)."""
+        where = f"on rank {found.rank}" if found.rank is not None else "on every rank"
+        return (
+            f"WARNING: step {found.step}: {found.quantity} is {found.value} {where}: optimizer step skipped "
+            f"(train.nonfinite=skip, {self.in_a_row} in a row, at most {self.max_skips})"
+        )
+
 
 class SpikeWatch:
     """The largest grad_norm and its step, and a WARNING when grad_norm exceeds `factor` x the running

@@ -5,6 +5,7 @@ the launcher's progress file) and rank 0's summary.json.
     record_step(rig, obs, state, out, started)     # after each optimizer step (trainer.loop.train.loop); also
                                                    # the largest grad_norm and a WARNING on a spike
     summary = final_summary(rig, state, stop, attempt_id, started)   # rank 0, after the last barrier
+    stopped_in_preparation(cfg, run_dir, attempt, stop, why, started)  # a stop while the cache was prepared
 
 A write that runs out of space never raises here: it lands in state.failure, and the loop stops every rank
 at its next safe point (trainer/checkpoint/diskspace.py).
@@ -15,9 +16,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainer.attempt import PREEMPTED, STEP, Attempt, Progress, Summary, checkpoint_json
+import torch.distributed as dist
+
+from trainer.attempt import (
+    PREEMPTED,
+    STEP,
+    Attempt,
+    Progress,
+    RankStatus,
+    Summary,
+    checkpoint_json,
+    summary_path,
+    write_summary,
+)
 from trainer.checkpoint.best import best_by_of, best_json
 from trainer.checkpoint.checkpointer import scan
 from trainer.checkpoint.diskspace import OutOfSpace, guard
@@ -156,3 +170,32 @@ def held_out_lines(summary: Summary) -> list[str]:
             f"best checkpoint by {b['metric']} ({b['value']:.4f}): step {b['step']} -> {b['pointer']}"
         )
     return lines
+
+
+def stopped_in_preparation(
+    cfg, run_dir: Path, attempt: Attempt | None, stop: StopRequest, why: Exception, started: float
+) -> LoopState:
+    """A stop that came while rank 0 prepared the latent cache on first use: every rank learnt it at the
+    cache's agreement (trainer/data/cache/prepare.py), records PREEMPTED at step 0, and rank 0 writes the
+    summary with what was kept, after every rank's record (the barrier). The launcher's verdict is then a
+    stop (exit 75; Slurm requeues after USR1), never a failure, and the next attempt's preparation
+    continues from the episodes encoded so far. Nothing was trained: no checkpoint, no step."""
+    rank = dist.get_rank()
+    if attempt is not None:
+        attempt.write_rank(RankStatus(rank, PREEMPTED, step=0))
+    dist.barrier()
+    if rank == 0:
+        reason = f"stopped while preparing the latent cache ({stop.reason()}): {why}"
+        print(f"data: {reason}", flush=True)
+        summary = Summary(
+            PREEMPTED,
+            steps_requested=cfg.train.steps,
+            reason=reason,
+            attempt=attempt.id if attempt else None,
+            config=cfg.name,
+            wall_time_s=time.perf_counter() - started,
+            world_size=dist.get_world_size(),
+        )
+        with guard(summary_path(run_dir), "summary write", needed=len(str(summary.to_json()))):
+            write_summary(run_dir, summary)
+    return LoopState(status=PREEMPTED)

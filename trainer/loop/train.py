@@ -69,11 +69,12 @@ from trainer.checkpoint.diskspace import find_out_of_space, guard
 from trainer.checkpoint.size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.config.perf import ac_plan, adamw_impl, compile_blocks, prefetch_data
+from trainer.data.cache.store import PreparationStopped
 from trainer.data.prefetch import Prefetcher
 from trainer.data.stream import build_stream
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
 from trainer.loop.metrics import Metrics
-from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step
+from trainer.loop.observe import Observers, final_summary, held_out_lines, record_step, stopped_in_preparation
 from trainer.loop.phases import Phases
 from trainer.loop.profiling import DeviceUtilisation, ProfilerWindow, device_peak_flops
 from trainer.loop.rank import (
@@ -104,12 +105,12 @@ def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
 # --- build -----------------------------------------------------------------------------------------
 
 
-def build(
-    cfg: RunConfig, run_dir: Path, rank: int, world_size: int, device: torch.device, attempt_id: str
-) -> Rig:
+def build(cfg: RunConfig, run_dir: Path, rank: int, world_size: int, device: torch.device, attempt_id: str,
+          stop: Callable[[], bool] | None = None) -> Rig:  # fmt: skip
     """Model, sharding, optimizer, data, Checkpointer, and the resume from the latest complete checkpoint.
 
-    Same seed on every rank: identical initial weights before sharding."""
+    Same seed on every rank: identical initial weights before sharding. `stop` (the rank's stop request)
+    is asked between episodes while rank 0 prepares the latent cache: PreparationStopped on every rank."""
     model = build_model(cfg, device)
     optimizer = torch.optim.AdamW(  # the reference's AdamW (wan_va/train.py): betas, eps, weight decay
         [p for p in model.parameters() if p.requires_grad],  # frozen: never-called released tensors
@@ -122,7 +123,7 @@ def build(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(cfg.train.warmup_steps))
     failure = None
     try:
-        stream: Any = build_stream(cfg, rank, world_size)  # may build the latent cache (a full disk stops)
+        stream: Any = build_stream(cfg, rank, world_size, stop)  # may prepare the cache (a full disk stops)
         if prefetch_data(cfg, device):  # train.data_path: the next micro-batch prepared in a thread
             stream = Prefetcher(stream, cfg.train.grad_accum, pin=device.type == "cuda")
     except Exception as exc:
@@ -216,12 +217,7 @@ def _agree(rig: Rig, stop: StopRequest, state: LoopState, out: StepOutput) -> bo
     if state.action == STOP:
         state.diverged = found
     elif state.action == SKIP and found is not None:  # the data position still advances (step + 1)
-        state.notes.append(
-            f"WARNING: step {found.step}: {found.quantity} is {found.value} "
-            f"{'on rank ' + str(found.rank) if found.rank is not None else 'on every rank'}: optimizer "
-            f"step skipped (train.nonfinite=skip, {state.policy.in_a_row} in a row, at most "
-            f"{state.policy.max_skips})"
-        )
+        state.notes.append(state.policy.skip_note(found))
     return state.action == APPLY
 
 
@@ -316,7 +312,10 @@ def train(
 ) -> LoopState:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     attempt_id = attempt.id if attempt else f"manual-{os.getpid()}"
-    rig = build(cfg, run_dir, rank, world_size, device, attempt_id)
+    try:
+        rig = build(cfg, run_dir, rank, world_size, device, attempt_id, lambda: stop.local)
+    except PreparationStopped as stopped:  # on every rank, at the cache's agreement (data/cache/prepare.py)
+        return stopped_in_preparation(cfg, run_dir, attempt, stop, stopped, started)
     flops_per_token = rig.model.flops_per_token()
     metrics = Metrics(cfg, run_dir, rank=rank, start_step=rig.start_step, attempt=attempt_id)
     if rig.resumed is not None:

@@ -32,7 +32,14 @@ from typing import Any
 
 from trainer.checkpoint.diskspace import OutOfSpace, SpaceReport, find_out_of_space
 from trainer.data.cache.manifest import StaleCache, check_manifest, write_manifest
-from trainer.data.cache.store import MANIFEST, cache_dir, make_spec, prepare_entries, write_text
+from trainer.data.cache.store import (
+    MANIFEST,
+    PreparationStopped,
+    cache_dir,
+    make_spec,
+    prepare_entries,
+    write_text,
+)
 from trainer.data.encoding.encoder import VideoEncoder, make_encoder
 from trainer.data.encoding.text import TextEncoder, make_text_encoder
 from trainer.data.formats.discovery import Discovery
@@ -123,8 +130,10 @@ def prepare(
     world_size: int = 1,
     barrier: Callable[[], None] = lambda: None,
     log: Callable[[str], None] = print,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Prepared:
-    """Encode this rank's share, wait for every rank, then rank 0 writes text.npz and the manifest."""
+    """Encode this rank's share, wait for every rank, then rank 0 writes text.npz and the manifest.
+    should_stop: asked between episodes (PreparationStopped; one process only: bin/train's rank 0)."""
     found, video, text, spec, ds = _setup(cfg)
     directory = cache_dir(found.root, spec, cfg.data.cache_dir)
     encode = None
@@ -148,6 +157,7 @@ def prepare(
         log,
         on_frames=lambda n: frames.__setitem__(0, frames[0] + n),
         encode=encode,
+        should_stop=should_stop,
     )
     seconds = time.perf_counter() - started
     barrier()
@@ -184,6 +194,8 @@ def _outcome(failure: BaseException | None) -> tuple[str, Any] | None:
     space = find_out_of_space(failure, "latent cache", "?")
     if space is not None:
         return ("space", space.to_json())
+    if isinstance(failure, PreparationStopped):
+        return ("stopped", str(failure))
     return ("error", f"{type(failure).__name__}: {failure}")
 
 
@@ -191,7 +203,8 @@ def _agree(group, rank: int, failure: BaseException | None) -> None:
     """Every rank, always: rank 0 says how its preparation went; when it failed, every rank raises.
 
     Out of space on rank 0 becomes OutOfSpace on every rank (the trainer's safe point then stops them all
-    and the launcher says it in one line); another failure is a DatasetError naming rank 0's error.
+    and the launcher says it in one line); a stop, PreparationStopped on every rank (the trainer records
+    the attempt as stopped); another failure is a DatasetError naming rank 0's error.
     """
     if group is not None:
         import torch.distributed as dist
@@ -208,10 +221,14 @@ def _agree(group, rank: int, failure: BaseException | None) -> None:
     kind, detail = said
     if kind == "space":
         raise OutOfSpace.of(SpaceReport(**detail))
+    if kind == "stopped":
+        raise PreparationStopped(detail)
     raise DatasetError(f"rank 0 could not prepare the latent cache: {detail}")
 
 
-def _prepare_on_rank0(cfg, found: Discovery, directory: Path, log: Callable[[str], None]) -> None:
+def _prepare_on_rank0(
+    cfg, found: Discovery, directory: Path, log: Callable[[str], None], should_stop: Callable[[], bool] | None
+) -> None:
     others = sorted(p.name for p in directory.parent.glob("*") if p != directory and (p / MANIFEST).is_file())
     if others:
         log(f"data: caches made with other settings exist ({', '.join(others)}); preparing {directory.name}")
@@ -220,11 +237,15 @@ def _prepare_on_rank0(cfg, found: Discovery, directory: Path, log: Callable[[str
 
     with dataset_lock(found.root):
         if not (directory / MANIFEST).is_file():
-            prepare(cfg, 0, 1, log=log)
+            prepare(cfg, 0, 1, log=log, should_stop=should_stop)
 
 
-def ensure_cache(cfg, rank: int, world_size: int, log: Callable[[str], None] = print) -> tuple[Path, dict]:
+def ensure_cache(
+    cfg, rank: int, world_size: int, log: Callable[[str], None] = print, should_stop=None
+) -> tuple[Path, dict]:
     """(cache directory, manifest) of a complete, current cache; prepared on rank 0 when missing.
+    should_stop (rank 0's; bin/train's stop request): asked between episodes; a stop is PreparationStopped
+    on every rank, what was encoded kept for the next attempt.
 
     A present but stale or mismatched cache is refused (StaleCache naming what differs); run prepare.
     A preparation that fails on rank 0 (out of space, a bad episode) fails on every rank, never a hang:
@@ -236,7 +257,7 @@ def ensure_cache(cfg, rank: int, world_size: int, log: Callable[[str], None] = p
     failure: BaseException | None = None
     if rank == 0 and not (directory / MANIFEST).is_file():  # the decision to prepare is rank 0's alone
         try:
-            _prepare_on_rank0(cfg, found, directory, log)
+            _prepare_on_rank0(cfg, found, directory, log, should_stop)
         except Exception as exc:  # told to every rank below, then raised here too
             failure = exc
     _agree(group, rank, failure)

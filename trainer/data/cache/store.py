@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from provision.atomic import write_atomic
+from trainer import testhooks
 from trainer.checkpoint.diskspace import guard
 from trainer.data.encoding import views
 from trainer.data.encoding.encoder import VideoEncoder, config_hash
@@ -253,6 +254,11 @@ def encode_episode_entry(
     return meta
 
 
+class PreparationStopped(Exception):
+    """A stop (SIGUSR1/SIGTERM, the attempt's stop request) seen between two episodes of a preparation:
+    what was encoded is kept, and the next preparation continues from it."""
+
+
 def prepare_entries(
     base: Path,
     files: list[Path],
@@ -264,14 +270,23 @@ def prepare_entries(
     log: Callable[[str], None] = print,
     on_frames: Callable[[int], None] | None = None,
     encode: Callable[..., dict[str, Any]] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> tuple[int, int]:
     """Encode this rank's share (i % world_size == rank) of `files`; returns (encoded, kept from before).
-    encode: the entry writer (encode_episode_entry; a LeRobot dataset's: lerobot_entries.entry_encoder)."""
+    encode: the entry writer (encode_episode_entry; a LeRobot dataset's: lerobot_entries.entry_encoder).
+    should_stop: asked before each episode; PreparationStopped when it says so (an episode is whole or
+    absent: each entry is written atomically)."""
     encode = encode or encode_episode_entry
     encoded = kept = 0
+    share = len(range(rank, len(files), world_size))
     for i, source in enumerate(files):
         if i % world_size != rank:
             continue
+        if should_stop is not None and should_stop():
+            raise PreparationStopped(
+                f"{encoded + kept} of {share} episode(s) of {directory} encoded and kept ({kept} from "
+                "before); the next attempt's preparation continues from them"
+            )
         entry = entry_path(directory, base, source)
         meta = read_meta(entry) if entry.is_file() else None
         st = source_file(source).stat()
@@ -287,6 +302,7 @@ def prepare_entries(
         encoded += 1
         status = meta["status"] if meta["status"] == "used" else f"skipped: {meta['reason']}"
         log(f"prepare[rank {rank}]: {source.relative_to(base)}: {status}")
+        testhooks.pause("prepare", encoded, rank)  # test hook: off unless set
     return encoded, kept
 
 
