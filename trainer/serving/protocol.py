@@ -77,12 +77,15 @@ def pack(obj: Any) -> bytes:
 
 def unpack(data: bytes) -> Any:
     """One frame -> Python objects with numpy arrays; ProtocolError when it is not msgpack."""
+    if not data:  # msgpack says only "incomplete input"
+        raise ProtocolError("frame", "an empty frame (0 bytes): expected a msgpack map")
     try:
         return msgpack.unpackb(data, object_hook=_array_hook, raw=False, strict_map_key=False)
     except ProtocolError:
         raise
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ProtocolError("frame", f"not a msgpack map ({type(exc).__name__}: {exc})") from exc
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} at byte 0x{data[0]:02x}"
+        raise ProtocolError("frame", f"not a msgpack map ({why}; {len(data)} bytes)") from exc
 
 
 # -- messages ----------------------------------------------------------------------------------------
