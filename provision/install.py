@@ -31,12 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from provision import activation, crossarch, hooks, wheel_install
+from provision import activation, crossarch, hooks, project, wheel_install
 from provision import prefix as prefixes
 from provision.atomic import fsync_dir, write_json_atomic
 from provision.fetch import FetchError, conda_records
@@ -195,28 +195,11 @@ def _pip_install(
             )
     for local in p.projects:
         progress(f"pip: installing {local} (--no-deps, its own step: not part of the lock)")
-        with _build_litter_removed(local):
+        with project.in_tree_build(local):
             done = subprocess.run(base + ["--no-build-isolation", "--no-index", str(local)], env=env)
         if done.returncode != 0:
             raise ProvisionError(f"pip install of {local} failed (output above); the env is untouched")
     return [{"name": d.name, "version": d.version, "sha256": d.sha256} for d in entries]
-
-
-@contextlib.contextmanager
-def _build_litter_removed(project: Path) -> Iterator[None]:
-    """setuptools builds a local project in its own tree: build/ and *.egg-info appear in the checkout (and a
-    build/ left there would put modules since removed into the next install). What the install made there
-    is removed after it; what was there before is left as it was."""
-
-    def litter() -> set[Path]:
-        return {project / "build", *project.glob("*.egg-info")} if project.is_dir() else set()
-
-    before = {path for path in litter() if path.exists()}
-    try:
-        yield
-    finally:
-        for path in litter() - before:
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_manifest(p: Plan, gen: Path, records: list, pip: list, installer: str, seconds: float) -> None:

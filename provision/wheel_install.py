@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from provision import vpkgs
 from provision.lockfile import LockedPackage, LockError, LockFile
 from provision.pip_lock import manylinux_platforms, pip_arch, requirement_lines
 from provision.plan import Plan, ProvisionError
+from provision.project import source_copy
 
 # the dist-info INSTALLER of what the host installs (pip writes "pip")
 INSTALLER_NAME = b"lingbot-provision\n"
@@ -169,25 +169,6 @@ def _run_pip(cmd: list[str]) -> str | None:
     return " ".join(line for line in lines[first : first + 10] if line) or f"exit {proc.returncode}"
 
 
-def _source_copy(project: Path, dest: Path) -> Path:
-    """A private copy of `project`'s sources to build from: git's view of it (tracked and untracked files
-    it does not ignore), else everything but dot-directories, build/, dist/, *.egg-info and __pycache__.
-    setuptools builds in the source tree: a build there would leave build/ in the checkout, and an old
-    build/ puts modules since removed into the wheel."""
-    try:
-        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=project,
-                                capture_output=True, check=True).stdout.decode().split("\0")  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        skip = shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__")
-        return Path(shutil.copytree(project, dest, symlinks=True, ignore=skip))
-    for rel in filter(None, listed):
-        src = project / rel
-        if src.is_file() or src.is_symlink():  # a tracked file deleted from the tree is listed: skipped
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel, follow_symlinks=False)
-    return dest
-
-
 def download(
     entries: list[LockedPackage], reqs: Path, dest: Path, python_version: str, platforms: list[str],
     index: str | None, find_links: str | None,
@@ -229,7 +210,7 @@ def build_project_wheel(project: Path, out: Path, platform: str) -> Path:
     """`project` built into a pure-Python wheel by the host's pip (no index, this Python's backend)."""
     from packaging.utils import parse_wheel_filename
 
-    source = _source_copy(project, out / "source")
+    source = source_copy(project, out / "source")
     cmd = [sys.executable, "-m", "pip", "wheel", "--isolated", "--disable-pip-version-check", "--no-deps",
            "--no-build-isolation", "--no-index", "--wheel-dir", str(out), str(source)]  # fmt: skip
     said = _run_pip(cmd)

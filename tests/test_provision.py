@@ -305,3 +305,40 @@ def test_toolchain_env_compiles_in_the_worker_activated_and_not(
     assert f"CC={cc}" in active.stdout  # the user's CC=/usr/bin/gcc did not win
     lines = [line for line in active.stdout.splitlines() if line.startswith("CC=") and "|" in line]
     assert lines[0] == lines[-1] == "CC=/usr/bin/gcc|x CXX=unset| CPATH=|x", lines
+
+
+@pytest.mark.fast
+def test_a_local_projects_in_tree_builds_take_turns_and_leave_nothing(tmp_path):
+    """Two provisions of different envs (each with its own env lock) from one checkout: setuptools builds
+    the checkout in its own tree, and the first to finish removed build/ under the other's build. The
+    in-tree build holds a flock on the project's PROJECT_BUILD_LOCK; what it made is removed after it,
+    what was there before stays."""
+    import fcntl
+    import threading
+
+    from provision.project import PROJECT_BUILD_LOCK, in_tree_build
+
+    project = tmp_path / "checkout"
+    (project / "old.egg-info").mkdir(parents=True)  # there before: left as it was
+    second_in, second_saw = threading.Event(), []
+
+    def second() -> None:
+        with in_tree_build(project):
+            second_saw.append(sorted(p.name for p in project.iterdir()))
+            second_in.set()
+
+    with in_tree_build(project):
+        (project / "build" / "lib").mkdir(parents=True)
+        (project / "new.egg-info").mkdir()
+        other = threading.Thread(target=second)
+        other.start()
+        with open(project / PROJECT_BUILD_LOCK) as probe:  # the lock is held: another taker would wait
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert not second_in.is_set() and (project / "build" / "lib").is_dir()
+    other.join(timeout=30)
+    assert second_in.is_set()  # it went in only after the first was done and had cleaned up
+    assert second_saw == [[PROJECT_BUILD_LOCK, "old.egg-info"]]
+    assert sorted(p.name for p in project.iterdir()) == [PROJECT_BUILD_LOCK, "old.egg-info"]
+    with in_tree_build(tmp_path / "tiny-1.0.whl"):  # not a folder: pip builds nothing in it
+        pass

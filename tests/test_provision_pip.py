@@ -16,6 +16,7 @@ import pytest
 
 from provision import prefix as prefixes
 from provision.install import generations_dir
+from provision.project import PROJECT_BUILD_LOCK
 from tests.support.channel import index_channel
 from tests.support.python_pkg import PY_MAJOR_MINOR, python_packages
 from tests.support.wheels import sha256_of, write_simple_index, write_wheel
@@ -126,8 +127,9 @@ def test_pip_part_locked_installed_with_hashes_and_local_project(python_channel:
     install = ["-f", str(spec), "--channel", str(python_channel), "--pip-find-links", str(wheels), "-q"]
     done = run_cli([*install, "--json"], tmp_path)
     assert json.loads(done.stdout)["ok"]  # pip's lines went to stderr: stdout is the object alone
-    # setuptools built the project in its tree; what that left there (build/, *.egg-info) is gone again
-    assert sorted(p.name for p in tiny.iterdir()) == ["pyproject.toml", "tinyproject.py"]
+    # setuptools built the project in its tree; what that left there (build/, *.egg-info) is gone again,
+    # but for the lock file the in-tree builds take turns on
+    assert sorted(p.name for p in tiny.iterdir()) == [PROJECT_BUILD_LOCK, "pyproject.toml", "tinyproject.py"]
     prefix = tmp_path / "envs" / ENV_NAME
     ok, reason = prefixes.completeness(prefix)
     assert ok, reason
