@@ -16,17 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import (
-    clean_env,
-    finish,
-    launch,
-    pause_env,
-    release,
-    seed_preflight,
-    summary,
-    tiny,
-    wait_for,
-)
+from tests.support import runs
 
 pytestmark = [pytest.mark.heavy]
 
@@ -40,19 +30,19 @@ def entries(data: Path) -> dict[Path, tuple[int, int]]:
 def test_a_stop_while_the_cache_is_prepared_is_a_stop_and_the_next_run_continues_it(
     tmp_path, preflight_record
 ):
-    env = clean_env(tmp_path / "no-envs")
+    env = runs.clean_env(tmp_path / "no-envs")
     run_dir, data, pause = tmp_path / "run", tmp_path / "data" / "furniture", tmp_path / "pause"
-    seed_preflight(run_dir, preflight_record)
-    overrides = tiny(steps=2)  # 4 generated episodes, prepared by rank 0 while rank 1 waits for it
-    proc = launch(run_dir, data, env, overrides=overrides, extra_env=pause_env(pause, "prepare:1"))
-    wait_for(pause, "reached", proc)
+    runs.seed_preflight(run_dir, preflight_record)
+    overrides = runs.tiny(steps=2)  # 4 generated episodes, prepared by rank 0 while rank 1 waits for it
+    proc = runs.launch(run_dir, data, env, overrides=overrides, extra_env=runs.pause_env(pause, "prepare:1"))
+    runs.wait_for(pause, "reached", proc)
     proc.send_signal(signal.SIGUSR1)  # Slurm's warning, as the batch script forwards it
-    wait_for(run_dir, "attempts/*/stop", proc)
-    release(pause)
-    rc, out, _ = finish(proc)
+    runs.wait_for(run_dir, "attempts/*/stop", proc)
+    runs.release(pause)
+    rc, out, _ = runs.finish(proc)
     assert rc == 75, out
     assert "Traceback" not in out, out
-    s = summary(run_dir)
+    s = runs.summary(run_dir)
     assert (s["status"], s["exit_code"], s["last_step"], s["last_complete_checkpoint"]) == (
         "preempted",
         75,
@@ -68,9 +58,9 @@ def test_a_stop_while_the_cache_is_prepared_is_a_stop_and_the_next_run_continues
     assert len(kept) == 1, kept  # the one encoded before the stop, whole
     assert not list(data.rglob("manifest.json"))  # the cache is not complete: never taken for one
 
-    rc, out, _ = finish(launch(run_dir, data, env, overrides=overrides, nproc=1))
+    rc, out, _ = runs.finish(runs.launch(run_dir, data, env, overrides=overrides, nproc=1))
     assert rc == 0, out
-    s = summary(run_dir)
+    s = runs.summary(run_dir)
     assert (s["status"], s["last_step"]) == ("completed", 2), s
     after = entries(data)
     assert len(after) == 4 and all(after[p] == stamp for p, stamp in kept.items()), (kept, after)
