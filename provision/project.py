@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -36,7 +37,8 @@ def in_tree_build(project: Path) -> Iterator[None]:
     def litter() -> set[Path]:
         return {project / "build", *project.glob("*.egg-info")}
 
-    with open(project / PROJECT_BUILD_LOCK, "a") as lock:
+    lock = _open_lock(project / PROJECT_BUILD_LOCK)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         before = {path for path in litter() if path.exists()}
         try:
@@ -44,6 +46,17 @@ def in_tree_build(project: Path) -> Iterator[None]:
         finally:
             for path in litter() - before:
                 shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(lock)  # the flock goes with it
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, made if missing; read-only when another user made it (a shared checkout: flock
+    needs no write access on a local filesystem)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
 
 
 def source_copy(project: Path, dest: Path) -> Path:
@@ -58,6 +71,9 @@ def source_copy(project: Path, dest: Path) -> Path:
         skip = shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__")
         return Path(shutil.copytree(project, dest, symlinks=True, ignore=skip))
     for rel in filter(None, listed):
+        top = rel.split("/", 1)[0]
+        if top in ("build", "dist") or top.endswith(".egg-info"):  # another build's output, not a source
+            continue
         src = project / rel
         if src.is_file() or src.is_symlink():  # a tracked file deleted from the tree is listed: skipped
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)

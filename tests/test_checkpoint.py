@@ -292,3 +292,31 @@ def test_a_save_is_refused_when_a_parameter_or_moment_is_not_finite(process_grou
         next(iter(optimizer.state.values()))["exp_avg"].to_local().fill_(float("inf"))
     with pytest.raises(NonFiniteState, match="optimizer exp_avg of blocks.0.weight"):
         ckpt.save(3, model, optimizer, scheduler, train_state={})
+
+
+def test_a_stop_while_the_cache_is_prepared_again_keeps_the_runs_last_checkpoint(process_group, tmp_path):
+    """A cache prepared again (its data settings changed) after checkpoints, stopped: the summary and the
+    rank's record keep the run's last complete checkpoint (the next attempt resumes from it), not
+    `null`/step 0 (found by a review; tests/test_prepare_stop.py holds the fresh run's stop end to end)."""
+    import signal
+
+    from trainer.data.cache.store import PreparationStopped
+    from trainer.loop.observe import stopped_in_preparation
+    from trainer.loop.rank import STOP_SIGNALS, StopRequest
+
+    model, optimizer, scheduler = make_state()
+    ckpt = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(keep=2), last_step=0, attempt="a9")
+    ckpt.save(3, model, optimizer, scheduler, train_state={})
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        stop = StopRequest(None)
+        stop.signal_name = "SIGUSR1"
+        cfg = load_config("furniture_train", cpu_scale=True)
+        state = stopped_in_preparation(cfg, tmp_path, None, stop, PreparationStopped("1 of 4 kept"), 0.0)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert state.status == "preempted"
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reason"] == "stopped while preparing the latent cache (received SIGUSR1): 1 of 4 kept"
+    assert summary["last_complete_checkpoint"]["step"] == 3 and summary["last_step"] is None

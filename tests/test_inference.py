@@ -243,6 +243,12 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
         check_named_config(tmp_path, "robotwin")
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+    # the name check reads train_state.json only; the load's own check reads every file (one full read)
+    with open(next(ckpt.glob("*.distcp")), "ab") as shard:
+        shard.write(b"x")
+    check_named_config(ckpt, cfg.name)
+    with pytest.raises(TargetError, match="damaged"):
+        resolve_target(ckpt)
 
 
 def test_a_damaged_or_mismatched_checkpoint_is_one_target_error(tmp_path, model):

@@ -342,3 +342,28 @@ def test_a_local_projects_in_tree_builds_take_turns_and_leave_nothing(tmp_path):
     assert sorted(p.name for p in project.iterdir()) == [PROJECT_BUILD_LOCK, "old.egg-info"]
     with in_tree_build(tmp_path / "tiny-1.0.whl"):  # not a folder: pip builds nothing in it
         pass
+
+
+@pytest.mark.fast
+def test_the_source_copy_for_another_platforms_wheel_leaves_out_build_outputs(tmp_path):
+    """The cross-platform wheel is built from git's view of the checkout; a build/ there (another
+    provision's in-tree build running, or one left behind) is untracked and not ignored, and went into the
+    wheel: modules since removed, or a copy failing mid-way (found by a review)."""
+    from provision.project import source_copy
+
+    project = tmp_path / "checkout"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "__init__.py").write_text("")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "pkg"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=project, check=True)
+    for litter in ("build/lib/pkg/removed.py", "dist/pkg-0.whl", "pkg.egg-info/PKG-INFO"):
+        (project / litter).parent.mkdir(parents=True, exist_ok=True)
+        (project / litter).write_text("")
+    (project / "pkg" / "new.py").write_text("")  # untracked source: part of the build, as before
+    copy = source_copy(project, tmp_path / "copy")
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()) == [
+        "pkg/__init__.py",
+        "pkg/new.py",
+    ]

@@ -179,10 +179,13 @@ def stopped_in_preparation(
     cache's agreement (trainer/data/cache/prepare.py), records PREEMPTED at step 0, and rank 0 writes the
     summary with what was kept, after every rank's record (the barrier). The launcher's verdict is then a
     stop (exit 75; Slurm requeues after USR1), never a failure, and the next attempt's preparation
-    continues from the episodes encoded so far. Nothing was trained: no checkpoint, no step."""
+    continues from the episodes encoded so far. Nothing was trained in this attempt; a cache prepared
+    again (its data settings changed) may come after checkpoints, which the next attempt resumes from."""
     rank = dist.get_rank()
+    complete = scan(run_dir / "checkpoints")[0]
+    latest = complete[-1] if complete else None
     if attempt is not None:
-        attempt.write_rank(RankStatus(rank, PREEMPTED, step=0))
+        attempt.write_rank(RankStatus(rank, PREEMPTED, step=latest.step if latest else 0))
     dist.barrier()
     if rank == 0:
         reason = f"stopped while preparing the latent cache ({stop.reason()}): {why}"
@@ -193,6 +196,7 @@ def stopped_in_preparation(
             reason=reason,
             attempt=attempt.id if attempt else None,
             config=cfg.name,
+            last_complete_checkpoint=checkpoint_json(latest),
             wall_time_s=time.perf_counter() - started,
             world_size=dist.get_world_size(),
         )

@@ -42,21 +42,24 @@ def _reference_folder(path: Path) -> Path | None:
     return None
 
 
-def resolve_target(target: str | Path) -> tuple[str, Path]:
-    """("checkpoint", dir) or ("reference", transformer dir); TargetError otherwise."""
+def resolve_target(target: str | Path, verify: bool = True) -> tuple[str, Path]:
+    """("checkpoint", dir) or ("reference", transformer dir); TargetError otherwise. `verify`: the
+    checkpoint's files against its COMPLETE marker, sha256 included (a full read: off only where its
+    train_state.json alone is read)."""
+    check = _intact if verify else (lambda found: found)
     path = Path(target)
     if not path.is_dir():
         what = "a file, not a directory" if path.exists() else "no such directory"
         raise TargetError(f"{path}: {what} (expected a run dir, a checkpoint or a released folder)")
     if _is_checkpoint(path):
-        return "checkpoint", _intact(path)
+        return "checkpoint", check(path)
     if (path / "checkpoints").is_dir():
         complete, _ = scan(path / "checkpoints")
         if not complete:
             raise TargetError(f"{path}/checkpoints: no complete checkpoint (train longer, or name one)")
         best = path / "checkpoints" / "best"
         pinned = [c for c in complete if best.is_symlink() and c.path.resolve() == best.resolve()]
-        return "checkpoint", _intact((pinned or complete)[-1].path)
+        return "checkpoint", check((pinned or complete)[-1].path)
     folder = _reference_folder(path)
     if folder is not None:
         return "reference", folder
@@ -99,7 +102,7 @@ def check_named_config(target: str | Path, named: str | None) -> None:
     another config than the checkpoint's own; the same name, or none, passes."""
     if not named:
         return
-    kind, path = resolve_target(target)
+    kind, path = resolve_target(target, verify=False)  # the load verifies it: one full read, not two
     if kind != "checkpoint":
         return
     own = checkpoint_config(path).name

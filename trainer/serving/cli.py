@@ -107,8 +107,8 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
     if not 0 <= idle_timeout < float("inf"):  # NaN and inf too
         raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
     bindable(host, port)  # a port in use is said now, not after the (slow) load
-    check_named_config(target, config)  # a checkpoint's config is its own: --config was ignored unsaid
     try:
+        check_named_config(target, config)  # a checkpoint's config is its own: --config was ignored unsaid
         served = load_served(target, config or "furniture_train", cpu_scale, list(sets), device, seed, _say)
     except OSError as exc:  # was said as "cannot listen on HOST:PORT" whatever file it was
         raise _LoadFailed(f"loading {target} failed: {exc.filename or ''}: {exc.strerror or exc}") from exc
