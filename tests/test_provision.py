@@ -316,6 +316,7 @@ def test_a_local_projects_in_tree_builds_take_turns_and_leave_nothing(tmp_path):
     import fcntl
     import threading
 
+    from provision.plan import ProvisionError
     from provision.project import PROJECT_BUILD_LOCK, in_tree_build
 
     project = tmp_path / "checkout"
@@ -342,6 +343,10 @@ def test_a_local_projects_in_tree_builds_take_turns_and_leave_nothing(tmp_path):
     assert sorted(p.name for p in project.iterdir()) == [PROJECT_BUILD_LOCK, "old.egg-info"]
     with in_tree_build(tmp_path / "tiny-1.0.whl"):  # not a folder: pip builds nothing in it
         pass
+    (tmp_path / "odd" / PROJECT_BUILD_LOCK).mkdir(parents=True)  # a lock that cannot be opened: one line
+    with pytest.raises(ProvisionError, match=r"cannot open the build lock .* \(--no-project\)"):
+        with in_tree_build(tmp_path / "odd"):
+            pass
 
 
 @pytest.mark.fast
@@ -358,6 +363,10 @@ def test_the_source_copy_for_another_platforms_wheel_leaves_out_build_outputs(tm
     subprocess.run([*git, "init", "-q"], cwd=project, check=True)
     subprocess.run([*git, "add", "pkg"], cwd=project, check=True)
     subprocess.run([*git, "commit", "-qm", "x"], cwd=project, check=True)
+    (project / "tools" / "build").mkdir(parents=True)  # a tracked build/ of its own is source: kept
+    (project / "tools" / "build" / "run.py").write_text("")
+    subprocess.run([*git, "add", "tools"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "tools"], cwd=project, check=True)
     for litter in ("build/lib/pkg/removed.py", "dist/pkg-0.whl", "pkg.egg-info/PKG-INFO"):
         (project / litter).parent.mkdir(parents=True, exist_ok=True)
         (project / litter).write_text("")
@@ -366,4 +375,5 @@ def test_the_source_copy_for_another_platforms_wheel_leaves_out_build_outputs(tm
     assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()) == [
         "pkg/__init__.py",
         "pkg/new.py",
+        "tools/build/run.py",
     ]
