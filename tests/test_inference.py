@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.support.lingbot_tiny import VIEWS, tiny_cfg
-from trainer.config import InferConfig
+from trainer.config import InferConfig, load_config
 from trainer.data.normalize import QuantileNormalizer
 from trainer.evaluation.cli import held_out, scores_failure
 from trainer.evaluation.openloop import Episode, evaluate_open_loop
@@ -241,6 +241,21 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
     check_named_config(tmp_path, cfg.name)
     with pytest.raises(TargetError, match=f"--config robotwin: .* is a checkpoint of a '{cfg.name}' run"):
         check_named_config(tmp_path, "robotwin")
+    # so were --cpu-scale/--full-scale: a scale flag whose model is not the checkpoint's is refused, naming it
+    scale = rf"--cpu-scale: .* not {cfg.name}'s CPU scale: model.dim=48 \(not 128\)"
+    with pytest.raises(TargetError, match=scale):
+        check_named_config(tmp_path, None, True)
+    with pytest.raises(TargetError, match=r"--full-scale: .*model.dim=48 \(not 3072\).*drop --full-scale"):
+        check_named_config(tmp_path, cfg.name, False)
+    cpu = tmp_path / "cpu-scale" / "checkpoint_step_3"  # a checkpoint of the preset's own CPU scale
+    cpu.mkdir(parents=True)
+    (cpu / "train_state.json").write_text(
+        json.dumps({"step": 3, "config": load_config(cfg.name, cpu_scale=True).to_dict()})
+    )
+    (cpu / "COMPLETE").write_text(json.dumps({"step": 3, "files": {"train_state.json": 0}}))
+    check_named_config(cpu, None, True)
+    with pytest.raises(TargetError, match="--full-scale: .* not furniture_train's full scale: model.dim=128"):
+        check_named_config(cpu, None, False)
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     # the name check reads train_state.json only; the load's own check reads every file (one full read)

@@ -246,7 +246,7 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
     named, config = config, config or ("libero" if sim == "libero" else "furniture_train")
     code = EXIT_OK
     try:
-        check_named_config(target, named)  # a checkpoint's config is its own: --config was ignored unsaid
+        check_named_config(target, named, cpu_scale)  # a checkpoint's config is its own: never ignored unsaid
         if sim:
             result, code = run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, scale,
                                    sets, seed, device, plots_dir)  # fmt: skip

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from trainer.checkpoint.layout import MARKER, TRAIN_STATE, damage, scan
-from trainer.config import ConfigError, RunConfig, config_from_dict
+from trainer.config import ConfigError, RunConfig, config_from_dict, resolve_config
 
 
 class TargetError(ValueError):
@@ -96,20 +96,38 @@ def checkpoint_config(path: Path) -> RunConfig:
     return cfg
 
 
-def check_named_config(target: str | Path, named: str | None) -> None:
-    """--config names the run config a reference-layout folder is loaded with; a checkpoint carries its own
-    (its train_state.json), which was used whatever --config said. TargetError for a --config that names
-    another config than the checkpoint's own; the same name, or none, passes."""
-    if not named:
+SCALE_KEYS = ("dim", "depth", "heads", "ffn_dim", "latent_size")  # model.* keys a cpu_scale block sets
+
+
+def check_named_config(target: str | Path, named: str | None, cpu_scale: bool | None = None) -> None:
+    """--config and --cpu-scale/--full-scale name the run config a reference-layout folder is loaded with; a
+    checkpoint carries its own (its train_state.json), which was used whatever they said. TargetError for a
+    --config that names another config than the checkpoint's own, or a scale flag whose model (SCALE_KEYS of
+    the checkpoint's config at that scale) is not the checkpoint's; none given, or what matches, passes."""
+    if not named and cpu_scale is None:
         return
     kind, path = resolve_target(target, verify=False)  # the load verifies it: one full read, not two
     if kind != "checkpoint":
         return
-    own = checkpoint_config(path).name
-    if own != named:
+    own = checkpoint_config(path)
+    if named and own.name != named:
         raise TargetError(
-            f"--config {named}: {path} is a checkpoint of a {own!r} run, which carries its own config "
+            f"--config {named}: {path} is a checkpoint of a {own.name!r} run, which carries its own config "
             f"({path / TRAIN_STATE}); drop --config (infer.* settings go through --set)"
+        )
+    if cpu_scale is None:
+        return
+    try:
+        preset = resolve_config(own.name, cpu_scale)[0].model
+    except ConfigError:
+        return  # a config this checkout no longer has: there is no scale to compare with
+    differ = [k for k in SCALE_KEYS if getattr(preset, k) != getattr(own.model, k)]
+    if differ:
+        flag, scale = ("--cpu-scale", "CPU scale") if cpu_scale else ("--full-scale", "full scale")
+        said = ", ".join(f"model.{k}={getattr(own.model, k)} (not {getattr(preset, k)})" for k in differ)
+        raise TargetError(
+            f"{flag}: {path} is a checkpoint whose model is not {own.name}'s {scale}: {said}; it carries its "
+            f"own config ({path / TRAIN_STATE}): drop {flag}"
         )
 
 

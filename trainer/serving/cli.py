@@ -88,7 +88,7 @@ def bindable(host: str, port: int) -> None:
 
 
 def serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, cpu_scale, seed,
-          device, cameras=(), idle_timeout=DEFAULT_IDLE_S) -> int:  # fmt: skip
+          device, cameras=(), idle_timeout=DEFAULT_IDLE_S, scale_flag=None) -> int:  # fmt: skip
     import dataclasses
 
     from trainer.config import load_config, parse_set  # noqa: F401 - fail fast on a broken install
@@ -108,7 +108,7 @@ def serve(target, port, host, sets, api_key_file, max_connections, max_frame_byt
         raise click.BadParameter(f"--idle-timeout {idle_timeout:g}: expected seconds >= 0 (0: never)")
     bindable(host, port)  # a port in use is said now, not after the (slow) load
     try:
-        check_named_config(target, config)  # a checkpoint's config is its own: --config was ignored unsaid
+        check_named_config(target, config, scale_flag)  # a checkpoint's own config: never ignored unsaid
         served = load_served(target, config or "furniture_train", cpu_scale, list(sets), device, seed, _say)
     except OSError as exc:  # was said as "cannot listen on HOST:PORT" whatever file it was
         raise _LoadFailed(f"loading {target} failed: {exc.filename or ''}: {exc.strerror or exc}") from exc
@@ -216,7 +216,7 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
     scale = (not torch.cuda.is_available()) if cpu_scale is None else cpu_scale
     try:
         code = serve(target, port, host, sets, api_key_file, max_connections, max_frame_bytes, config, scale,
-                     seed, device, cameras, idle_timeout)  # fmt: skip
+                     seed, device, cameras, idle_timeout, cpu_scale)  # fmt: skip
     except (KeyboardInterrupt, _Stopped):
         _say("serve: stopped while loading")
         code = EXIT_OK
