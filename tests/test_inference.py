@@ -189,6 +189,9 @@ def test_nothing_predicted_or_no_episode_named_is_never_a_score(model):
         with pytest.raises(click.BadParameter, match="names no episode"):
             held_out(["a", "b"], cfg, requested)
     assert held_out(["a", "b"], cfg, "b, a")[0] == ["b", "a"]
+    cfg.data.val_episodes = 1.0  # as a checkpoint's config.json gives the count back
+    banner = held_out(["a", "b", "c"], cfg, None)[1]
+    assert banner.endswith("1 held-out episode(s) of 3 (data.val_episodes=1)")
 
 
 def test_evaluate_targets_are_named_in_errors(tmp_path):

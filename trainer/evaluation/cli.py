@@ -62,8 +62,8 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
         return names, f"evaluate: ALL {len(names)} episodes (--episodes all): training episodes included"
     from trainer.data.split import split_episodes
 
-    val = cfg.data.val_episodes
-    _, held = split_episodes(names, val)
+    val = f"{cfg.data.val_episodes:g}"  # a count (1, not the float 1.0) or a share (0.25)
+    _, held = split_episodes(names, cfg.data.val_episodes)
     if not held:
         return names, (
             f"evaluate: data.val_episodes={val} holds nothing out: ALL {len(names)} episodes, "
