@@ -170,8 +170,17 @@ def test_best_is_pinned_out_of_pruning_and_pointed_to(tmp_path):
             None if value is None else {"action_loss": value, "latent_loss": 1 - value, "loss": 1.0},
         )
     pin = BestPin(root, "val_action_loss")
+    # what pruning may remove is only what saves make: a dead attempt's partial save goes; a checkpoint the
+    # user moved aside and a folder of their own stay (found by a review: both were deleted unsaid)
+    (root / "checkpoint_step_12.tmp-dead").mkdir()
+    (root / "my_notes").mkdir()
+    (root / "my_notes" / "readme.txt").write_text("mine")
+    _fake_checkpoint(root, 14, None).rename(root / "checkpoint_step_14.suspect")
     prune(root, 2, 10, pin)
     assert [c.step for c in scan(root)[0]] == [4, 8, 10]  # newest keep=2, plus the older best
+    assert not (root / "checkpoint_step_12.tmp-dead").exists()
+    assert (root / "my_notes" / "readme.txt").read_text() == "mine"
+    assert (root / "checkpoint_step_14.suspect" / MARKER).is_file()
     link = root / POINTER
     assert (
         link.is_symlink()

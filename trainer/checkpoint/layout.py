@@ -201,15 +201,15 @@ def prune(
     root: Path, keep: int, keep_step: int, pin: Callable[[list[CheckpointInfo]], set[int]] | None = None
 ) -> None:
     """Keep the newest `keep` complete checkpoints, `keep_step`, and the pinned ones (`pin`: the best,
-    trainer/checkpoint/best.py, kept when it is older); drop stale partial ones from dead attempts.
-    Symlinks (the `best` pointer) are never followed or removed here."""
+    trainer/checkpoint/best.py, kept when it is older); drop stale partial ones from dead attempts (the
+    `checkpoint_step_N.tmp-*` folders saves make). Symlinks (the `best` pointer) are never followed or
+    removed here, nor is anything else: a checkpoint the user moved aside (`checkpoint_step_6.suspect`, as
+    a non-finite checkpoint's fix says) or a folder of their own stays."""
     complete, _ = scan(root)
     pinned = pin(complete) if pin is not None else set()
     for old in complete[: max(0, len(complete) - keep)]:
         if old.step != keep_step and old.step not in pinned:
             _remove(old.path)
     for entry in Path(root).iterdir():
-        if entry.is_symlink() or _FINAL.match(entry.name) or _DAMAGED.match(entry.name):
-            continue
-        if entry.is_dir():
+        if _PARTIAL.match(entry.name) and entry.is_dir() and not entry.is_symlink():
             _remove(entry)
