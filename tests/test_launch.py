@@ -292,6 +292,30 @@ def test_a_data_path_the_ranks_cannot_use_fails_preflight_naming_it(tmp_path, ca
     assert not fake_torchrun.calls
 
 
+def test_a_resume_never_makes_new_episodes_for_its_checkpoint(tmp_path, capsys, fake_torchrun):
+    """Found by a review: a resume whose data.path was mistyped (or moved) generated synthetic episodes there
+    and trained on, exit 0: the checkpoint's run went on with other data."""
+    from trainer.checkpoint.finite import FINITE_KEY
+
+    run_dir, trained_on, empty = tmp_path / "run", tmp_path / "data", tmp_path / "data-typo"
+    cfg = load_config(
+        "furniture_train", cpu_scale=True, overrides={"train.steps": 4, "data.path": str(trained_on)}
+    )
+    ckpt = run_dir / "checkpoints" / "checkpoint_step_2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "train_state.json").write_text(json.dumps({"step": 2, "world_size": 2, "config": cfg.to_dict()}))
+    files = {"train_state.json": (ckpt / "train_state.json").stat().st_size}
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": 2, "files": files, FINITE_KEY: True}))
+    argv = ["furniture_train", "2", "--run-dir", str(run_dir), "--set", f"data.path={empty}", *TINY]
+    assert launch.main(argv) == 3
+    err = capsys.readouterr().err
+    assert (
+        f"no episodes under {empty}, and this run resumes from {ckpt}, trained on data.path={trained_on}"
+        in err
+    )
+    assert not empty.exists() and not fake_torchrun.calls
+
+
 # --- env choice and the ranks' environment ------------------------------------------------------------
 
 

@@ -4,7 +4,8 @@ Values judgeable without them are trainer/config/rules.py's (exit 2, before this
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
   as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`; the libero preset's
-  CPU scale records its LeRobot dataset there when it has none); a LeRobot dataset's
+  CPU scale records its LeRobot dataset there when it has none; never for a run that resumes: its
+  checkpoint was trained on other episodes); a LeRobot dataset's
   meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
   videos;
 - encoders: data.vae_path (data.encoder wan_vae) and data.text_encoder hold their config.json (and the
@@ -18,13 +19,17 @@ ranks: one line, and the last line says the next run fails the same way until th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainer.config import RunConfig
 from trainer.launcher.errors import PreflightError
 
 
-def inputs_check(cfg: RunConfig) -> list[str]:
-    """Notes for the terminal; PreflightError naming the file and the fix when the inputs cannot work."""
-    return [_data_note(cfg), *_encoder_notes(cfg), *_weights_notes(cfg)]
+def inputs_check(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> list[str]:
+    """Notes for the terminal; PreflightError naming the file and the fix when the inputs cannot work.
+    `resumes`: (the checkpoint this run resumes from, the data.path it was trained on): a data.path with no
+    episodes then is refused, never generated or recorded into (the run would go on with other data)."""
+    return [_data_note(cfg, resumes), *_encoder_notes(cfg), *_weights_notes(cfg)]
 
 
 def _encoder_notes(cfg: RunConfig) -> list[str]:
@@ -42,16 +47,16 @@ def _encoder_notes(cfg: RunConfig) -> list[str]:
     return notes
 
 
-def _data_note(cfg: RunConfig) -> str:
+def _data_note(cfg: RunConfig, resumes: tuple[Path, str] | None) -> str:
     from trainer.data.formats.multiroot import data_roots, for_root
 
     roots = data_roots(cfg)
     if len(roots) > 1:
-        return "; ".join(_root_note(for_root(cfg, root)) for root in roots)
-    return _root_note(cfg)
+        return "; ".join(_root_note(for_root(cfg, root), resumes) for root in roots)
+    return _root_note(cfg, resumes)
 
 
-def _root_note(cfg: RunConfig) -> str:
+def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
     from trainer.data.cache.location import resolve_data_path
     from trainer.data.formats.sources import (
         LEROBOT,
@@ -74,6 +79,13 @@ def _root_note(cfg: RunConfig) -> str:
         raise PreflightError(problem)
     if files:
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
+    if resumes is not None:
+        checkpoint, trained_on = resumes
+        raise PreflightError(
+            f"data.path={cfg.data.path}: no episodes under {root}, and this run resumes from {checkpoint}, "
+            f"trained on data.path={trained_on}: new episodes made there would continue it on other data; "
+            "point data.path at the dataset it was trained on, or start a new run with --run-dir"
+        )
     _writable_or_makeable(cfg, root)  # the ranks write episodes there: said now, not as their traceback
     if records_libero(cfg, root):
         return (

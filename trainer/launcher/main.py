@@ -242,8 +242,11 @@ def _preflight(
     if gpus and args.nproc > gpus:
         raise PreflightError(f"NPROC {args.nproc} is more than the {gpus} GPUs on this node")
     complete, _ = scan(run_dir / "checkpoints")
+    resumes = None  # (the checkpoint, the data.path it was trained on): no new episodes made for it
     if complete:
-        conflicts = resume_conflicts(complete[-1].train_state(), cfg, world_size)
+        state = complete[-1].train_state()
+        resumes = (complete[-1].path, str((state.get("config") or {}).get("data", {}).get("path")))
+        conflicts = resume_conflicts(state, cfg, world_size)
         if conflicts:
             raise PreflightError(f"cannot resume from {complete[-1].path}: " + "; ".join(conflicts))
         bad = nonfinite_in_checkpoint(complete[-1])  # written by an older version or by hand
@@ -252,7 +255,7 @@ def _preflight(
                 f"cannot resume from {complete[-1].path}: {bad} (a diverged run's state); move it aside "
                 "to resume from an earlier one, or start a new run with --run-dir"
             )
-    for note in inputs_check(cfg):  # the data and the weights, as far as they judge without reading them
+    for note in inputs_check(cfg, resumes):  # the data and the weights, as far as judged without reading them
         say(note)
     if args.preflight_only:
         supervise.test_pause("preflight")  # test hook: a stop signal while bin/train is in preflight
