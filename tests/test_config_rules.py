@@ -136,11 +136,16 @@ def test_a_relative_set_path_is_the_working_directorys_and_a_presets_the_repos(t
     from provision.paths import repo_root
 
     monkeypatch.chdir(tmp_path)
-    sets = {"data.path": "reldata", "model.pretrained": "weights/mine", "data.vae_path": "vae"}
+    sets = {
+        "data.path": "reldata",
+        "model.pretrained": "weights/mine",
+        "data.vae_path": "vae",
+        "data.cache_dir": "c",
+    }
     cfg = load_config("furniture_train", cpu_scale=True, overrides=sets)
-    assert (cfg.data.path, cfg.model.pretrained, cfg.data.vae_path) == tuple(
+    assert (cfg.data.path, cfg.model.pretrained, cfg.data.vae_path, cfg.data.cache_dir) == tuple(
         str(tmp_path / v) for v in sets.values()
-    )
+    )  # data.cache_dir too (a review: a requeue from another folder used another cache)
     preset = load_config("furniture_train", cpu_scale=True)
     assert not Path(preset.data.path).is_absolute()  # the preset's own: resolved against the repo root
     assert (

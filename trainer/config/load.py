@@ -180,6 +180,8 @@ def resolve_config(
 # as its model.pretrained and data.path are; a --set path is the user's own (the working directory's:
 # _anchor_set_paths).
 ROOTED_PATHS = ("data.vae_path", "data.text_encoder", "data.tokenizer")
+# The folders a --set names: the working directory's when relative (_anchor_set_paths)
+SET_PATH_KEYS = ("data.path", "model.pretrained", "data.cache_dir", *ROOTED_PATHS)
 
 
 def _root_preset_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
@@ -197,11 +199,22 @@ def _anchor_set_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
     the ranks (and a requeued attempt's config.json) read the same folder. Before this, data.path and
     model.pretrained were taken as the repo root's, a preset's rule, and `--set data.path=reldata` generated
     its episodes inside the checkout."""
-    for key in ("data.path", "model.pretrained", *ROOTED_PATHS):
+    for key in SET_PATH_KEYS:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value and sources.get(key) == SET and not Path(value).expanduser().is_absolute():
             setattr(getattr(cfg, section), name, str(Path.cwd() / value))
+
+
+def anchored_set_item(item: str) -> str:
+    """One `--set KEY=VALUE` as the working directory means it: a relative path of SET_PATH_KEYS made
+    absolute (what _anchor_set_paths does to the config), for a command line run from another folder (the
+    --sbatch script cds to the checkout)."""
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    if sep and key in SET_PATH_KEYS and value and not Path(value).expanduser().is_absolute():
+        return f"{key}={Path.cwd() / value}"
+    return item
 
 
 def user_set(source: str | None) -> bool:
