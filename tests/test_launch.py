@@ -157,6 +157,22 @@ def test_a_bad_option_value_is_a_usage_error_and_writes_nothing(
     assert sorted(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["MASTER_PORT", "SLURM_NODEID", "SLURM_NNODES", "SLURM_RESTART_COUNT"])
+def test_a_malformed_environment_number_is_a_usage_error_naming_it(tmp_path, capsys, monkeypatch, name):
+    """Found by a review: `MASTER_PORT=29500x` was int()'s traceback, exit 1 ("a rank failed"), no summary."""
+    monkeypatch.setenv(name, "29500x")
+    assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), *TINY]) == 2
+    assert f"the environment's {name}='29500x' is not a whole number" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tilde_in_the_run_dir_is_the_home_folder(tmp_path, monkeypatch):
+    """`--run-dir=~/x` reaches us unexpanded (the shell expands only a word's leading ~): it made a folder
+    named `~` in the working directory (found by a review; an `rm -rf ~` waiting to happen)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert parse_args(["furniture_train", "1", "--run-dir=~/x"]).run_dir == tmp_path / "home" / "x"
+
+
 def test_unwritable_run_dir_fails_preflight_and_writes_nothing(tmp_path, capsys, fake_torchrun):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -581,6 +597,14 @@ def test_a_stop_signal_during_preflight_stops_before_any_rank(tmp_path, monkeypa
     assert summary["status"] == "preempted" and "before any rank started" in summary["reason"]
     assert nothing_written(run_dir) and not fake_torchrun.calls
     assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handlers are gone again
+    # a run that trained before keeps its history (a review: a requeue stopped in preflight, routine under
+    # Slurm, wiped the last run's losses and its last checkpoint from summary.json), through two such stops
+    write_summary(run_dir, Summary(COMPLETED, steps_requested=4, final_losses={"loss": 0.5}, attempt="a1"))
+    for _ in range(2):
+        assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 75
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "preempted" and summary["previous_status"] == "completed"
+        assert summary["previous"]["final_losses"] == {"loss": 0.5}
 
 
 def test_torchrun_error_files_name_the_global_rank(tmp_path, monkeypatch):

@@ -134,7 +134,7 @@ def _add_sbatch_options(parser: argparse.ArgumentParser) -> None:
 def _folder(text: str) -> Path:
     if not text.strip():  # Path("") is ".": the run would fill the working directory
         raise argparse.ArgumentTypeError("is empty (an unset variable?); name the run's folder")
-    return Path(text)
+    return Path(text).expanduser()  # `--run-dir=~/x`: the shell leaves that ~ to us
 
 
 # sbatch --time's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit

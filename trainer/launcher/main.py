@@ -64,7 +64,7 @@ from trainer.launcher.inputs import inputs_check
 from trainer.launcher.ownership import claim_run_dir
 from trainer.launcher.plancmd import show_plan
 from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, space_check
-from trainer.launcher.rendezvous import rendezvous
+from trainer.launcher.rendezvous import bad_int_variable, rendezvous
 from trainer.launcher.resolved import Known, Launch
 from trainer.launcher.summaries import (
     CONFIG_ERROR_NEXT,
@@ -174,6 +174,9 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     environ = dict(os.environ)
     gpus = 0 if args.sbatch is not None else gpu_count()
     try:
+        bad = bad_int_variable(environ)
+        if bad:
+            raise ConfigError(bad)
         cfg, cpu_scale, unusable_weights = _load(args, gpus)
     except ConfigError as exc:
         say(f"error: {exc}; {CONFIG_ERROR_NEXT}")

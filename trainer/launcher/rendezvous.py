@@ -35,6 +35,19 @@ class Rendezvous:
         return ["--master-addr", self.master_addr, "--master-port", port, "--rdzv-id", self.attempt]
 
 
+INT_VARIABLES = ("SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_RESTART_COUNT", "MASTER_PORT")
+
+
+def bad_int_variable(environ: dict[str, str]) -> str | None:
+    """The first of INT_VARIABLES set to something other than a whole number (the launcher reads them with
+    int(): a traceback, exit 1 and no summary before), said with its fix; None when they all read."""
+    for name in INT_VARIABLES:
+        value = environ.get(name)
+        if value and not value.strip().isdigit():
+            return f"the environment's {name}={value!r} is not a whole number; unset it or set it right"
+    return None
+
+
 def first_slurm_host(nodelist: str) -> str:
     if shutil.which("scontrol"):
         out = subprocess.run(

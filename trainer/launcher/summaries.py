@@ -59,12 +59,24 @@ def next_run_line(run_dir: Path | None, cfg: RunConfig | None, needs_fix: str | 
     return f"the next run {then}"
 
 
+BEFORE_START = "before any rank started"  # the end of a stop's reason when nothing was trained
+
+
+def _previous(run_dir: Path) -> dict[str, Any] | None:
+    """The last run that trained, as summary.json had it: what a preflight failure or a stop before any
+    rank keeps (its losses, checkpoints, validation), never a chain of those."""
+    before = read_summary(run_dir)
+    if before is None:
+        return None
+    stopped_early = before.status == PREEMPTED and (before.reason or "").endswith(BEFORE_START)
+    if before.status == PREFLIGHT_FAILED or stopped_early:
+        return before.previous
+    return before.to_json(stamp=False)
+
+
 def preflight_failed(run_dir: Path, cfg: RunConfig, message: str, started: float) -> int:
     """Say why, and record it in summary.json (no checkpoint or attempt is touched: not progress)."""
-    before = read_summary(run_dir)
-    previous = before.to_json(stamp=False) if before else None
-    if before and before.status == PREFLIGHT_FAILED:
-        previous = before.previous  # keep the last run that trained, not a chain of failures
+    previous = _previous(run_dir)
     complete, _ = scan(run_dir / "checkpoints")
     try:
         write_summary(
@@ -90,15 +102,23 @@ def stopped_before_start(
     run_dir: Path | None, cfg: RunConfig | None, config: str, signal_name: str, started: float
 ) -> dict[str, Any]:
     """A stop signal before any rank started: nothing was trained. Recorded in summary.json when the run
-    dir exists (a config was loaded); returns the summary object (the --json report)."""
+    dir exists (a config was loaded), keeping the run's last checkpoint and its last real run's summary
+    (a requeued attempt stopped in preflight, routine under Slurm, wiped them); returns the summary object
+    (the --json report)."""
+    known = cfg is not None and run_dir is not None and run_dir.is_dir()
+    previous = _previous(run_dir) if known and run_dir is not None else None
+    complete = scan(run_dir / "checkpoints")[0] if known and run_dir is not None else []
     summary = Summary(
         PREEMPTED,
         steps_requested=cfg.train.steps if cfg is not None else 0,
-        reason=f"received {signal_name} before any rank started",
+        reason=f"received {signal_name} {BEFORE_START}",
+        last_complete_checkpoint=checkpoint_json(complete[-1]) if complete else None,
         wall_time_s=time.perf_counter() - started,
+        previous_status=previous.get("status") if previous else None,
+        previous=previous,
         config=cfg.name if cfg is not None else config,
     )
-    if cfg is not None and run_dir is not None and run_dir.is_dir():
+    if known and run_dir is not None:
         try:
             write_summary(run_dir, summary)
         except OSError as exc:
