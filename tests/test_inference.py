@@ -190,6 +190,8 @@ def test_nothing_predicted_or_no_episode_named_is_never_a_score(model):
             held_out(["a", "b"], cfg, requested)
     assert held_out(["a", "b"], cfg, "b, a")[0] == ["b", "a"]
     cfg.data.val_episodes = 1.0  # as a checkpoint's config.json gives the count back
+    with pytest.raises(click.BadParameter, match="--episodes names a more than once; name each once"):
+        held_out(["a", "b"], cfg, "a,b,a")  # a review: scored twice, into one plot and one entry
     banner = held_out(["a", "b", "c"], cfg, None)[1]
     assert banner.endswith("1 held-out episode(s) of 3 (data.val_episodes=1)")
 
@@ -224,8 +226,12 @@ def test_a_run_dir_means_its_best_checkpoint_else_its_newest_complete_one(tmp_pa
     (root / "best").symlink_to("checkpoint_step_5")
     assert resolve_target(tmp_path) == ("checkpoint", (root / "checkpoint_step_5").resolve())
     (root / "best").unlink()
-    (root / "best").symlink_to("checkpoint_step_9")
-    assert resolve_target(tmp_path) == ("checkpoint", root / "checkpoint_step_7")
+    (root / "best").symlink_to("checkpoint_step_9")  # damaged since (a review: step 7 was used, unsaid)
+    with pytest.raises(
+        TargetError, match=r"best points at .*checkpoint_step_9, which is not a complete check"
+    ):
+        resolve_target(tmp_path)
+    assert resolve_target(root / "checkpoint_step_7") == ("checkpoint", root / "checkpoint_step_7")
 
 
 def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
@@ -267,6 +273,47 @@ def test_a_dcp_checkpoint_loads_into_a_plain_model(tmp_path, model):
     check_named_config(ckpt, cfg.name)
     with pytest.raises(TargetError, match="damaged"):
         resolve_target(ckpt)
+
+
+def test_a_checkpoint_is_never_scored_or_served_with_statistics_it_was_not_trained_with(tmp_path):
+    """Found by a review: the action statistics were fitted again from whatever the dataset held at
+    evaluation or serving time (an episode added since rescaled every served action, unsaid). A checkpoint
+    records them (train_state.json "data_stats"); others are refused naming the first difference; a
+    checkpoint from before they were recorded is said, not refused."""
+    import numpy as np
+
+    from trainer.data.normalize import MeanStdNormalizer, QuantileNormalizer, stats_record
+    from trainer.sampling.load import check_trained_stats
+
+    trained = QuantileNormalizer(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
+    latents = (np.zeros((4, 1, 1)), np.ones((4, 1, 1)))
+    ckpt = tmp_path / "checkpoints" / "checkpoint_step_2"
+    ckpt.mkdir(parents=True)
+    state = {"step": 2, "config": tiny_cfg().to_dict(), "data_stats": stats_record(trained, latents)}
+    target = ckpt / "train_state.json"
+    target.write_text(json.dumps(state))
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": 2, "files": {target.name: target.stat().st_size}}))
+    said: list[str] = []
+    check_trained_stats(tmp_path, trained, latents, "the dataset D", said.append)  # the same: silent
+    assert said == []
+    wider = QuantileNormalizer(np.array([-1.0, -0.5], np.float32), np.array([1.0, 2.0], np.float32))
+    for normalizer, stats, diff in (
+        (wider, latents, r"actions q01\[1\] was 0 in training, is -0.5 now"),
+        (MeanStdNormalizer(trained.q01, trained.q99), latents, r"actions: trained with \['q01', 'q99'\]"),
+        (trained, (np.zeros(4), 2 * np.ones(4)), r"latents std\[0\] was 1 in training, is 2 now"),
+        (trained, None, r"latents: trained with \['mean', 'std'\], now none"),
+    ):
+        refused = (
+            rf"checkpoint_step_2 was trained with other data statistics than the dataset D gives now \({diff}"
+        )
+        with pytest.raises(TargetError, match=refused):
+            check_trained_stats(tmp_path, normalizer, stats, "the dataset D", said.append)
+    del state["data_stats"]
+    target.write_text(json.dumps(state))
+    (ckpt / "COMPLETE").write_text(json.dumps({"step": 2, "files": {target.name: target.stat().st_size}}))
+    check_trained_stats(tmp_path, wider, None, "the dataset D", said.append)
+    old = "records no data statistics (an older checkpoint): the dataset D's are used, unchecked"
+    assert said == [f"{ckpt / 'train_state.json'} {old}"]
 
 
 def test_a_damaged_or_mismatched_checkpoint_is_one_target_error(tmp_path, model):

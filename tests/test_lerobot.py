@@ -462,12 +462,29 @@ def test_bin_train_two_steps_on_a_lerobot_dataset(
     assert torch.equal(data.prompts[0], data.prompts[2]) and not torch.equal(data.prompts[0], data.prompts[1])
     result = evaluate(str(run), "all", "furniture_train", True, (), 0, "cpu")
     assert result["episodes"] == 3 and sorted(result["per_episode"]) == sorted(data.names)
+    # the checkpoint records the statistics it was trained with; others are never used to score it (a
+    # review: `--set data.normalize=mean_std`, or an episode added since, rescaled every action unsaid)
+    from trainer.sampling.load import TargetError
+
+    last = run / "checkpoints" / f"checkpoint_step_{runs.complete_steps(run)[-1]}"
+    stats = json.loads((last / "train_state.json").read_text())["data_stats"]
+    assert sorted(stats["actions"]) == ["q01", "q99"] and len(stats["actions"]["q01"]) >= 2
+    with pytest.raises(
+        TargetError, match=r"trained with other data statistics .*actions: trained with \['q01', "
+    ):
+        evaluate(str(run), "all", "furniture_train", True, ("data.normalize=mean_std",), 0, "cpu")
+    # nothing predicted (no episode as long as a chunk) is no score: no MAE line, no plot over an earlier one
+    plots = tmp_path / "plots-nothing"
+    failed = evaluate(
+        str(run), "all", "furniture_train", True, ("infer.frames_per_chunk=99",), 0, "cpu", plots
+    )
+    assert failed["overall"] is None and failed["error"].startswith("no action was predicted")
+    assert not list(plots.glob("*.png"))
     # a guidance that overflows float32: non-finite scores are a failure (exit 1, named), never exit 0
     from trainer.evaluation.cli import main as evaluate_main
 
     argv = [
         str(run),
-        "--cpu-scale",
         "--plots-dir",
         str(tmp_path / "plots"),
         "--json-file",

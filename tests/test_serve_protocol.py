@@ -103,6 +103,10 @@ def test_requests_decode_to_typed_messages():
         (pack({"obs": {"front": "a picture", "wrist": _img()}}), "obs['front']", "got str"),
         (pack({"obs": [_frame(), _frame()]}), "obs", "expected one frame"),
         (pack({"reset": True, "prompt": 3}), "prompt", "expected a string"),
+        # a review: an array flag was numpy's "truth value ... is ambiguous", answered as a server error
+        (pack({"reset": np.array([1, 1])}), "reset", "expected true or false, got ndarray"),
+        (pack({"compute_kv_cache": np.zeros(2)}), "compute_kv_cache", "expected true or false"),
+        (pack({"reset": "yes"}), "reset", "expected true or false, got str 'yes'"),
         (pack({"compute_kv_cache": True, "obs": [_frame()]}), "state", "executed actions"),
         (pack({"compute_kv_cache": True, "state": np.zeros((8, 4, 2))}), "obs", "executed frames"),
         (

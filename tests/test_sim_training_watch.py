@@ -98,7 +98,7 @@ def _watcher(tmp_path: Path, *sets: str) -> simeval.SimEval:
     cfg = _cfg("eval.sim=libero", "eval.sim_every=2", "eval.sim_tasks=0", "eval.sim_episodes=2", *sets)
     env = {**os.environ, "HOLD": str(tmp_path / "hold"), "EXIT_WITH": str(tmp_path / "exit-with"),
            "STUBBORN": str(tmp_path / "stubborn")}  # fmt: skip
-    return simeval.SimEval(cfg, tmp_path / "run", str(fake), env, tmp_path / "stop", cpu_scale=True)
+    return simeval.SimEval(cfg, tmp_path / "run", str(fake), env, tmp_path / "stop")
 
 
 def _drive(sim: simeval.SimEval) -> None:

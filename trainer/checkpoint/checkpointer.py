@@ -145,12 +145,16 @@ class Checkpointer:
         attempt: str,
         model_config: ModelConfig | None = None,
         device: torch.device | None = None,
+        data_stats: dict | None = None,
     ) -> None:
         self.root = Path(root)
         self.config = config
         self.last_step = last_step
         self.attempt = attempt
         self.model_config = model_config  # checkpoint.export=reference writes the released config.json
+        self.data_stats = (
+            data_stats  # the statistics trained with, in every train_state.json (evaluate, serve)
+        )
         self.device = device or torch.device("cpu")  # where the stop agreement's flag lives (nccl: cuda)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.last_committed: CheckpointInfo | None = None
@@ -248,6 +252,8 @@ class Checkpointer:
                     export_reference(model, RunConfig(model=self.model_config or ModelConfig()), tmp)
                 if self.rank == 0:
                     saved = {**train_state, "step": step, "world_size": self.world_size}
+                    if self.data_stats is not None:
+                        saved["data_stats"] = self.data_stats
                     (tmp / TRAIN_STATE).write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         except BaseException as exc:  # DCP's CheckpointException (a BaseException) wraps a rank's ENOSPC
             failure = find_out_of_space(exc, "checkpoint save", tmp) or self._short_of_space(tmp)

@@ -114,3 +114,35 @@ def config_normalizer(cfg) -> QuantileNormalizer:
             f"{max(slots)} (model.action_dim wide, slot order); they have {q01.size} and {q99.size}"
         )
     return QuantileNormalizer(q01[slots], q99[slots])
+
+
+def stats_record(normalizer, latent_stats) -> dict:
+    """What a checkpoint records of the statistics its run trained with (train_state.json "data_stats"):
+    the action normaliser's and the stand-in latents' per-channel (mean, std), as lists."""
+    record: dict = {}
+    if isinstance(normalizer, QuantileNormalizer):
+        record["actions"] = {"q01": normalizer.q01.tolist(), "q99": normalizer.q99.tolist()}
+    elif isinstance(normalizer, MeanStdNormalizer):
+        record["actions"] = {"mean": normalizer.mean.tolist(), "std": normalizer.std.tolist()}
+    if latent_stats is not None:
+        mean, std = (np.asarray(x, np.float64).ravel().tolist() for x in latent_stats)
+        record["latents"] = {"mean": mean, "std": std}
+    return record
+
+
+def stats_differ(recorded: dict, normalizer, latent_stats) -> str | None:
+    """How the statistics at hand differ from a checkpoint's recorded ones (first difference), or None."""
+    now = stats_record(normalizer, latent_stats)
+    for part in ("actions", "latents"):
+        was, is_ = recorded.get(part) or {}, now.get(part) or {}
+        if sorted(was) != sorted(is_):
+            return f"{part}: trained with {sorted(was) or 'none'}, now {sorted(is_) or 'none'}"
+        for key in was:
+            a, b = np.asarray(was[key], np.float64), np.asarray(is_[key], np.float64)
+            if a.shape != b.shape:
+                return f"{part} {key}: {a.size} channels when trained, {b.size} now"
+            off = np.flatnonzero(~np.isclose(a, b, rtol=1e-5, atol=1e-6))
+            if off.size:
+                i = int(off[0])
+                return f"{part} {key}[{i}] was {a[i]:.6g} in training, is {b[i]:.6g} now"
+    return None

@@ -57,6 +57,9 @@ def held_out(names: list[str], cfg, requested: str | None) -> tuple[list[str], s
         unknown = [n for n in wanted if n not in names]
         if unknown:
             raise click.BadParameter(f"unknown episode(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        twice = sorted({n for n in wanted if wanted.count(n) > 1})
+        if twice:  # it was scored once per mention, into one plot and one per-episode entry
+            raise click.BadParameter(f"--episodes names {', '.join(twice)} more than once; name each once")
         return wanted, f"evaluate: {len(wanted)} episode(s) named by --episodes"
     if requested == "all":
         return names, f"evaluate: ALL {len(names)} episodes (--episodes all): training episodes included"
@@ -77,7 +80,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
 
     from trainer.config import parse_set, resolve_config
     from trainer.evaluation.openloop import channel_names, evaluate_open_loop
-    from trainer.sampling.load import apply_sets, load_model, pick_device, resolve_target
+    from trainer.sampling.load import apply_sets, check_trained_stats, load_model, pick_device, resolve_target
     from trainer.sampling.rundata import load_episodes, make_sampler
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
@@ -93,6 +96,10 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     _say(f"evaluate: {what}")
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     data = load_episodes(cfg)
+    said = f"the dataset {cfg.data.path}"
+    check_trained_stats(
+        target, data.normalizer, data.latent_stats, said, lambda line: _say(f"evaluate: {line}")
+    )
     chosen, banner = held_out(data.names, cfg, episodes)
     _say(banner)
     sampler = make_sampler(model, cfg, data)
@@ -102,6 +109,10 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         sampler, data.select(chosen), data.slots, data.normalizer, seed=seed, traces=traces
     )
     result.update(target=what, infer=cfg.to_dict()["infer"], seed=seed, seconds=time.perf_counter() - start)
+    failure = scores_failure(result, cfg.infer.frames_per_chunk)
+    if failure:  # no score line, no plot (an earlier evaluation's stays): nothing here is a score
+        _say(f"evaluate: FAILED: {failure}")
+        return {**result, "overall": None, "per_episode": {}, "plots": {}, "error": failure}
     result["plots"] = write_plots(traces, out, channel_names(data.slots))
     o = result["overall"]
     _say(
@@ -112,10 +123,6 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         _say(f"evaluate:   {group:<9} MAE {v['mae_norm']:.4f} normalised, {v['mae_robot']:.5f} robot units")
     for name, path in result["plots"].items():
         _say(f"evaluate: plot {name}: {path}")
-    failure = scores_failure(result, cfg.infer.frames_per_chunk)
-    if failure:
-        result["error"] = failure
-        _say(f"evaluate: FAILED: {failure}")
     return result
 
 

@@ -63,12 +63,13 @@ class Running:
     started: float
 
 
-def evaluator_command(python: str, checkpoint: Path, ev: Any, out: Path, cpu_scale: bool) -> list[str]:
-    """bin/evaluate's module on one checkpoint, with the run's eval.sim_* settings."""
+def evaluator_command(python: str, checkpoint: Path, ev: Any, out: Path) -> list[str]:
+    """bin/evaluate's module on one checkpoint, with the run's eval.sim_* settings (no --config or scale
+    flag: a checkpoint carries its own config, and bin/evaluate refuses one that is not its own)."""
     argv = [
         python, "-m", "trainer.evaluation.cli", str(checkpoint), "--sim", ev.sim, "--suite", ev.sim_suite,
         "--episodes", str(ev.sim_episodes), "--max-steps", str(ev.sim_max_steps), "--plots-dir", str(out),
-        "--json-file", str(out / "launcher-evaluate.json"), "--cpu-scale" if cpu_scale else "--full-scale",
+        "--json-file", str(out / "launcher-evaluate.json"),
         "--device", "cpu" if ev.sim_device == "cpu" else "cuda",
     ]  # fmt: skip
     if ev.sim_tasks != "all":
@@ -102,11 +103,10 @@ def _unblock_signals() -> None:
 class SimEval:
     """The watcher (module docstring). poll() is the whole of one pass; the thread calls it every POLL_S."""
 
-    def __init__(self, cfg: Any, run_dir: Path, python: str, env: dict[str, str], stop_file: Path,
-                 cpu_scale: bool) -> None:  # fmt: skip
+    def __init__(self, cfg: Any, run_dir: Path, python: str, env: dict[str, str], stop_file: Path) -> None:
         self.cfg, self.ev = cfg, cfg.eval
         self.run_dir, self.root = Path(run_dir), Path(run_dir) / "checkpoints"
-        self.python, self.env, self.stop_file, self.cpu_scale = python, env, stop_file, cpu_scale
+        self.python, self.env, self.stop_file = python, env, stop_file
         records = simrecords.read_records(self.root)
         self.seen = {step for step, r in records.items() if r.get("status") in FINAL}
         complete = scan(self.root)[0]
@@ -121,8 +121,7 @@ class SimEval:
     def start(cls, launch: Any, attempt: Any) -> SimEval | None:
         if launch.cfg.eval.sim == "none" or launch.rdzv.node_rank != 0:
             return None
-        sim = cls(launch.cfg, launch.run_dir, str(launch.choice.python), launch.env, attempt.stop_file,
-                  launch.cpu_scale)  # fmt: skip
+        sim = cls(launch.cfg, launch.run_dir, str(launch.choice.python), launch.env, attempt.stop_file)
         ev = launch.cfg.eval
         say(f"sim: checkpoints every {ev.sim_every} steps are evaluated in LIBERO {ev.sim_suite} (tasks "
             f"{ev.sim_tasks}, {ev.sim_episodes} episode(s) each, max {ev.sim_max_steps} steps) by a process "
@@ -199,7 +198,7 @@ class SimEval:
             out.mkdir(parents=True, exist_ok=True)
             (out / "launcher-evaluate.json").unlink(missing_ok=True)
             log = out / "launcher-evaluate.log"
-            argv = evaluator_command(self.python, info.path, self.ev, out, self.cpu_scale)
+            argv = evaluator_command(self.python, info.path, self.ev, out)
             with open(log, "ab") as sink:
                 proc = subprocess.Popen(
                     argv, env=evaluator_env(self.env, self.ev.sim_device), stdin=subprocess.DEVNULL,

@@ -70,6 +70,7 @@ from trainer.checkpoint.size import ModelSize, estimate_bytes
 from trainer.config import RunConfig
 from trainer.config.perf import ac_plan, adamw_impl, compile_blocks, prefetch_data
 from trainer.data.cache.store import PreparationStopped
+from trainer.data.normalize import stats_record
 from trainer.data.prefetch import Prefetcher
 from trainer.data.stream import build_stream
 from trainer.loop.divergence import APPLY, SKIP, STOP, NonfinitePolicy, SpikeWatch, blame, local_slots
@@ -134,7 +135,7 @@ def build(cfg: RunConfig, run_dir: Path, rank: int, world_size: int, device: tor
     ckpt_root = run_dir / "checkpoints"
     checkpointer = Checkpointer(
         ckpt_root, cfg.checkpoint, last_step=cfg.train.steps, attempt=attempt_id, model_config=cfg.model,
-        device=device,
+        device=device, data_stats=stats_record(stream.normalizer, stream.latent_stats),
     )  # fmt: skip
     checkpointer.estimate = estimate_bytes(cfg, ModelSize.of(list(model.parameters())), world_size)
     if best_by_of(cfg) != "none" or cfg.eval.sim != "none":  # the best; checkpoints under simulation

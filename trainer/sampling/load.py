@@ -59,6 +59,11 @@ def resolve_target(target: str | Path, verify: bool = True) -> tuple[str, Path]:
             raise TargetError(f"{path}/checkpoints: no complete checkpoint (train longer, or name one)")
         best = path / "checkpoints" / "best"
         pinned = [c for c in complete if best.is_symlink() and c.path.resolve() == best.resolve()]
+        if best.is_symlink() and not pinned:  # its checkpoint is damaged or gone: never another one unsaid
+            raise TargetError(
+                f"{best} points at {best.resolve()}, which is not a complete checkpoint (damaged or "
+                f"removed); name the one to use, e.g. {complete[-1].path}"
+            )
         return "checkpoint", check((pinned or complete)[-1].path)
     folder = _reference_folder(path)
     if folder is not None:
@@ -128,6 +133,33 @@ def check_named_config(target: str | Path, named: str | None, cpu_scale: bool | 
         raise TargetError(
             f"{flag}: {path} is a checkpoint whose model is not {own.name}'s {scale}: {said}; it carries its "
             f"own config ({path / TRAIN_STATE}): drop {flag}"
+        )
+
+
+def check_trained_stats(target: str | Path, normalizer, latent_stats, source: str, say) -> None:
+    """The statistics an evaluation or a server derived now (the action normaliser, the stand-in latents'
+    standardisation) against those a checkpoint's run trained with (its train_state.json "data_stats"):
+    TargetError naming the first difference (a dataset changed since training, a --set data.* on the
+    checkpoint), so a model is never scored or served with statistics it never saw. A checkpoint written
+    before they were recorded is said, not refused; a reference folder has none to compare."""
+    from trainer.data.normalize import stats_differ
+
+    kind, path = resolve_target(target, verify=False)
+    if kind != "checkpoint":
+        return
+    recorded = json.loads((path / TRAIN_STATE).read_text()).get("data_stats")
+    if recorded is None:
+        say(
+            f"{path / TRAIN_STATE} records no data statistics (an older checkpoint): {source}'s are used, "
+            "unchecked"
+        )
+        return
+    diff = stats_differ(recorded, normalizer, latent_stats)
+    if diff:
+        raise TargetError(
+            f"{path} was trained with other data statistics than {source} gives now ({diff}): the episodes "
+            "changed since training, or a --set data.* changed them; evaluate or serve it on the data and "
+            "data settings it was trained with"
         )
 
 

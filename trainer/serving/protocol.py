@@ -188,6 +188,15 @@ def check_state(raw: Any, spec: Spec, frames: int) -> np.ndarray:
     return state
 
 
+def _flag(msg: dict, key: str) -> bool:
+    """A request's boolean field (absent: false). Anything else is a bad request naming it: an array here
+    was numpy's "truth value ... is ambiguous", answered as a server error (found by a review)."""
+    value = msg.get(key)
+    if value is None or isinstance(value, bool | int | np.bool_) and value in (0, 1):
+        return bool(value)
+    raise ProtocolError(key, f"expected true or false, got {type(value).__name__} {value!r}"[:200])
+
+
 def decode_request(data: bytes | str, spec: Spec) -> Request:
     """One request frame -> Reset | Observe | Executed (the state's shape is checked by the session)."""
     if isinstance(data, str):
@@ -196,7 +205,7 @@ def decode_request(data: bytes | str, spec: Spec) -> Request:
     if not isinstance(msg, dict):
         raise ProtocolError("frame", f"expected a msgpack map, got {type(msg).__name__}")
     msg = {_key(k): v for k, v in msg.items()}
-    if msg.get("reset"):
+    if _flag(msg, "reset"):
         prompt = msg.get("prompt")
         if isinstance(prompt, list | tuple) and len(prompt) == 1:  # openpi clients send ["text"]
             prompt = prompt[0]
@@ -208,7 +217,7 @@ def decode_request(data: bytes | str, spec: Spec) -> Request:
         ):
             raise ProtocolError("episode_seed", f"expected an integer >= 0, got {seed!r}")
         return Reset(prompt, None if seed is None else int(seed))
-    if msg.get("compute_kv_cache"):
+    if _flag(msg, "compute_kv_cache"):
         if "obs" not in msg:
             raise ProtocolError("obs", "compute_kv_cache needs the executed frames (a list of frames)")
         if "state" not in msg:

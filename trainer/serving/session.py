@@ -132,7 +132,7 @@ def load_served(
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
     from trainer.data.encoding.text import make_text_encoder
-    from trainer.sampling.load import apply_sets, load_model, pick_device
+    from trainer.sampling.load import apply_sets, check_trained_stats, load_model, pick_device
     from trainer.sampling.rundata import serving_inputs
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
@@ -147,6 +147,7 @@ def load_served(
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
     announced = tuple(stand_ins(video, text))
     data = serving_inputs(cfg, text)
+    check_trained_stats(target, data.normalizer, data.latent_stats, data.source, lambda x: say(f"serve: {x}"))
     say(f"serve: action statistics, empty prompt and latent grid from {data.source}")
     spec = Spec(tuple(cfg.data.cameras), len(data.slots), cfg.infer.frames_per_chunk, model.apf)
     return Served(

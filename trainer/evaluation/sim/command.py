@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,15 @@ from trainer.evaluation.sim import suites
 from trainer.evaluation.sim.report import Progress, load_records, summarise, write_results
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: scancel, `timeout`, kill
+
+
+class _Terminated(Exception):
+    """SIGTERM while episodes run: ended like Ctrl-C (results.json says what is kept), exit 143."""
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+    raise _Terminated()
 
 
 def episode_timeout(max_steps: int) -> float:
@@ -200,6 +210,8 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
                 "--seed", str(opts.seed)]  # fmt: skip
         pool = Pool(argv, worker_env(python, gl), workers, out / "logs", episode_timeout(opts.max_steps))
         progress = Progress(opts.suite, len(tasks) * opts.episodes, len(done), say)
+        main_thread = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
         try:
             for record in pool.run(jobs):
                 progress.update(record)
@@ -207,7 +219,11 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
                     errors.append(record)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
+        except _Terminated:  # a review: it died with 143 and results.json still said the earlier run
+            code = EXIT_TERMINATED
         finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, before)
             pool.stop()  # every worker ended, whatever ended the loop (a no-op after a full run)
             progress.close()
             serving.close()
@@ -220,8 +236,9 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
         f"evaluate: {opts.suite}: {result['successes']}/{result['episodes']} episodes succeeded"
         f"{'' if rate is None else f' ({rate:.1%})'}; {len(errors)} error(s); results {out / 'results.json'}"
     )
-    if code == EXIT_INTERRUPTED:
-        say(f"evaluate: interrupted: {result['episodes']} episode(s) kept; run the same command to continue")
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        how = "interrupted" if code == EXIT_INTERRUPTED else "stopped by SIGTERM"
+        say(f"evaluate: {how}: {result['episodes']} episode(s) kept; run the same command to continue")
     elif errors:
         say(
             f"evaluate: {len(errors)} episode(s) did not run (simulator worker crashed; logs "
