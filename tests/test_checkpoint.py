@@ -189,6 +189,8 @@ def test_resume_conflicts_name_what_changed():
     uncached = load_config("furniture_train", cpu_scale=True, overrides={"data.latent_cache": "false"})
     assert uncached.data.latent_cache != cfg.data.latent_cache
     assert resume_conflicts(saved, uncached, 2) == []  # the same data, encoded elsewhere (test_diskspace.py)
+    moved = load_config("furniture_train", cpu_scale=True, overrides={"data.cache_dir": "/big/disk"})
+    assert resume_conflicts(saved, moved, 2) == []  # the out-of-space fix (a review: it refused the resume)
     dim = cfg.model.dim
     new_dim = dim * 3 // 2  # a head dim whose third is still even (the reference's 3-D RoPE)
     wider = load_config("furniture_train", cpu_scale=True, overrides={"model.dim": str(new_dim)})

@@ -414,3 +414,15 @@ def test_a_set_the_loaded_model_cannot_follow_is_refused_and_the_others_apply(mo
     assert apply_sets(model.cfg, [same], "checkpoint X").model.depth == model.cfg.model.depth
     with pytest.raises(TargetError, match=r"--set model.depth=8: the model is checkpoint X's own"):
         apply_sets(model.cfg, ["model.depth=8"], "checkpoint X")
+    # of data.*, a checkpoint takes only where its data are (a review: swapped cameras, a held-out split
+    # holding training episodes and other statistics were all accepted unsaid); a released folder takes any
+    val = f"data.val_episodes={model.cfg.data.val_episodes + 1:g}"
+    with pytest.raises(
+        TargetError, match=r"--set data.val_episodes=.*: checkpoint X was trained with data.val_"
+    ):
+        apply_sets(model.cfg, [val], "checkpoint X", checkpoint=True)
+    moved = apply_sets(
+        model.cfg, ["data.path=/elsewhere", "data.cache_dir=/big"], "checkpoint X", checkpoint=True
+    )
+    assert (moved.data.path, moved.data.cache_dir) == ("/elsewhere", "/big")
+    assert apply_sets(model.cfg, [val], "folder Y").data.val_episodes == model.cfg.data.val_episodes + 1

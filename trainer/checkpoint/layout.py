@@ -171,7 +171,9 @@ def latest_complete(root: Path) -> CheckpointInfo | None:
 # the per-rank streams. Everything else (steps, LR, checkpoint cadence, logging) may change on resume.
 _FIXED_SECTIONS = ("model", "data")
 _FIXED_KEYS = ("train.seed", "train.batch_size", "train.grad_accum")
-_FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache")
+# data.* keys that say where the data and its cache are, not what it is: free on a resume, an evaluation,
+# a server (data.cache_dir: the out-of-space fix moves the cache; a review found it refused the resume)
+FREE_DATA_KEYS = ("path", "generate_if_missing", "latent_cache", "cache_dir")
 
 
 def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list[str]:
@@ -180,7 +182,7 @@ def resume_conflicts(train_state: dict, cfg: RunConfig, world_size: int) -> list
     problems = []
     if train_state.get("world_size") != world_size:
         problems.append(f"it was written by {train_state.get('world_size')} ranks, this run has {world_size}")
-    keys = [f"{s}.{k}" for s in _FIXED_SECTIONS for k in now[s] if not (s == "data" and k in _FREE_DATA_KEYS)]
+    keys = [f"{s}.{k}" for s in _FIXED_SECTIONS for k in now[s] if not (s == "data" and k in FREE_DATA_KEYS)]
     for key in [*keys, *_FIXED_KEYS]:
         section, name = key.split(".")
         old, new = saved.get(section, {}).get(name), now[section][name]

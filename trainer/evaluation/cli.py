@@ -92,7 +92,7 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
         target, base, not cpu_scale, lambda line: _say(f"evaluate: {line}"), resolved, sources
     )
     if sets:
-        cfg = apply_sets(cfg, list(sets), what)
+        cfg = apply_sets(cfg, list(sets), what, checkpoint=resolved[0] == "checkpoint")
     _say(f"evaluate: {what}")
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     data = load_episodes(cfg)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint.layout import MARKER, TRAIN_STATE, damage, scan
+from trainer.checkpoint.layout import FREE_DATA_KEYS, MARKER, TRAIN_STATE, damage, scan
 from trainer.config import ConfigError, RunConfig, config_from_dict, resolve_config
 
 
@@ -237,10 +237,12 @@ def load_model(
 RUNTIME_MODEL_KEYS = frozenset({"model.attention", "model.attn_block", "model.activation_checkpointing"})
 
 
-def apply_sets(cfg: RunConfig, sets: list[str], what: str) -> RunConfig:
+def apply_sets(cfg: RunConfig, sets: list[str], what: str, checkpoint: bool = False) -> RunConfig:
     """The loaded model's config with the command's --set values (judged by the config's rules); TargetError
     for a model.* one the loaded model cannot follow: its shape is TARGET's own (a checkpoint's
-    train_state.json, a folder's config.json), and `--set model.depth=8` was dropped unsaid."""
+    train_state.json, a folder's config.json), and `--set model.depth=8` was dropped unsaid. On a
+    `checkpoint`, a data.* one that changes what the data is (not where: FREE_DATA_KEYS) too: cameras
+    swapped, a held-out split that holds training episodes, other statistics (found by a review)."""
     from trainer.config import apply_overrides, check_config, parse_set
     from trainer.config.rules import value_of
 
@@ -248,6 +250,14 @@ def apply_sets(cfg: RunConfig, sets: list[str], what: str) -> RunConfig:
     changed = copy.deepcopy(cfg)
     apply_overrides(changed, wanted, "--set")
     for key in wanted:
+        fixed_data = checkpoint and key.startswith("data.") and key.split(".", 1)[1] not in FREE_DATA_KEYS
+        if fixed_data and value_of(changed, key) != value_of(cfg, key):
+            raise TargetError(
+                f"--set {key}={value_of(changed, key)!r}: {what} was trained with {key}="
+                f"{value_of(cfg, key)!r}, and is evaluated and served with its own data settings; drop that "
+                f"--set (of data.*, only {', '.join(f'data.{k}' for k in FREE_DATA_KEYS)} apply to a "
+                "checkpoint)"
+            )
         if key.startswith("model.") and key not in RUNTIME_MODEL_KEYS:
             if value_of(changed, key) != value_of(cfg, key):
                 raise TargetError(

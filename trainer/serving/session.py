@@ -132,7 +132,7 @@ def load_served(
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
     from trainer.data.encoding.text import make_text_encoder
-    from trainer.sampling.load import apply_sets, check_trained_stats, load_model, pick_device
+    from trainer.sampling.load import apply_sets, check_trained_stats, load_model, pick_device, resolve_target
     from trainer.sampling.rundata import serving_inputs
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
@@ -141,7 +141,9 @@ def load_served(
         target, base, not cpu_scale, lambda line: say(f"serve: {line}"), None, sources
     )
     if sets:
-        cfg = apply_sets(cfg, list(sets), what)
+        cfg = apply_sets(
+            cfg, list(sets), what, checkpoint=resolve_target(target, verify=False)[0] == "checkpoint"
+        )
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
