@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -306,6 +307,27 @@ def test_a_data_path_the_ranks_cannot_use_fails_preflight_naming_it(tmp_path, ca
         err = capsys.readouterr().err
         assert f"data.path={path}" in err and said in err, err
     assert not fake_torchrun.calls
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a read-only mount needs root")
+def test_a_read_only_dataset_without_its_latent_cache_fails_preflight_naming_the_fix(tmp_path):
+    """Found by a review: episodes on a read-only mount, no `.latents/` yet: the preflight passed, the ranks
+    failed after the compile checks with a bare OSError, and the last line said the next run starts fresh."""
+    from trainer.data.formats.generate import generate_dataset
+
+    data = tmp_path / "ro"
+    generate_dataset(data, 2, 20, "one_leg", seed=0)
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "trainer.launcher", "furniture_train", "1", "--run-dir", str(run_dir),
+            "--set", f"data.path={data}", *TINY]  # fmt: skip
+    script = f"mount --bind {data} {data} && mount -o remount,bind,ro {data} && exec {shlex.join(argv)}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "LINGBOT_"))}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env,
+                          cwd=repo_root(), timeout=300)  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"the latent cache goes in {data / 'one_leg' / '.latents'}" in done.stderr
+    assert "--set data.cache_dir=DIR" in done.stderr and not (data / "one_leg" / ".latents").exists()
+    assert not list((run_dir / "attempts").glob("*/rank_*.json"))  # no rank started
 
 
 def test_a_resume_never_makes_new_episodes_for_its_checkpoint(tmp_path, capsys, fake_torchrun):

@@ -73,11 +73,13 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
         )
     if data_format(cfg, root) == LEROBOT and (root / "meta/info.json").is_file():
         return _lerobot_note(cfg, root)
-    files = discover_source(cfg, root).files
+    found = discover_source(cfg, root)
+    files = found.files
     problem = missing_episodes(cfg, root) if not files else None
     if problem:
         raise PreflightError(problem)
     if files:
+        _cache_makeable(cfg, found.root)
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
     if resumes is not None:
         checkpoint, trained_on = resumes
@@ -94,6 +96,29 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
             "not demonstrations; first use)"
         )
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
+
+
+def _cache_makeable(cfg: RunConfig, base: Path) -> None:
+    """The latent cache's folder can be made where the ranks will make it (next to the episodes, or under
+    data.cache_dir), or it is there already (a prepared read-only dataset: the ranks read it). A read-only
+    dataset without one was the ranks' OSError after the preflight (found by a review)."""
+    import os
+
+    from trainer.data.cache.location import CACHE_DIR
+
+    if not cfg.data.latent_cache:
+        return
+    where = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else base
+    if (where / CACHE_DIR).is_dir():
+        return
+    here = where
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not (here.is_dir() and os.access(here, os.W_OK | os.X_OK)):
+        raise PreflightError(
+            f"data.path={cfg.data.path}: the latent cache goes in {where / CACHE_DIR}, and {here} cannot be "
+            "written (a read-only dataset?); put it elsewhere with --set data.cache_dir=DIR"
+        )
 
 
 def _writable_or_makeable(cfg: RunConfig, root) -> None:

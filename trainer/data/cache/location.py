@@ -2,6 +2,9 @@
 
     root = resolve_data_path(cfg)     # data.path; a relative one is under the repository root
     with dataset_lock(root): ...      # generation and cache building, across ranks and concurrent runs
+    CACHE_DIR                         # the latent cache's folder name, next to the episodes or under
+                                      # data.cache_dir (trainer/data/cache/store.py cache_dir; torch-free here
+                                      # for the launcher's preflight)
 
 Read by trainer/data/stream.py (loading) and trainer/data/cache/prepare.py (preparing): neither imports the
 other for these. The repository root is provision.paths.repo_root() (a checkout or an installed copy alike).
@@ -15,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from provision.paths import repo_root
+
+CACHE_DIR = ".latents"
 
 
 def resolve_data_path(cfg) -> Path:

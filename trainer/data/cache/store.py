@@ -49,6 +49,7 @@ import numpy as np
 from provision.atomic import write_atomic
 from trainer import testhooks
 from trainer.checkpoint.diskspace import guard
+from trainer.data.cache.location import CACHE_DIR
 from trainer.data.encoding import views
 from trainer.data.encoding.encoder import VideoEncoder, config_hash
 from trainer.data.encoding.rows import camera_encoders, video_rows
@@ -56,7 +57,6 @@ from trainer.data.encoding.text import TextEncoder
 from trainer.data.formats.discovery import SKIP_ERROR, SKIP_FAILED, SKIP_OTHER_TASK
 from trainer.data.formats.furniturebench import DatasetError, Episode, episode_status, validate_episode
 
-CACHE_DIR = ".latents"
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 STORAGE_DTYPE = np.float16  # the reference stores bf16 latents; numpy has no bf16
