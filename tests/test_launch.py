@@ -330,6 +330,36 @@ def test_a_read_only_dataset_without_its_latent_cache_fails_preflight_naming_the
     assert not list((run_dir / "attempts").glob("*/rank_*.json"))  # no rank started
 
 
+def test_a_generated_folder_of_other_counts_is_said(tmp_path):
+    """Found by a review: `--set data.generated_episodes=8` on a folder generated with 1 was ignored unsaid
+    (and the split error that followed told the user to add episodes)."""
+    from trainer.data.formats.generate import generate_dataset
+    from trainer.launcher.inputs import inputs_check
+
+    generate_dataset(tmp_path / "d", 1, 20, "one_leg", seed=0)
+    sets = {"data.path": str(tmp_path / "d"), "data.generated_episodes": "8", "data.generated_length": "20"}
+    note = inputs_check(load_config("furniture_train", cpu_scale=True, overrides=sets))[0]
+    assert note.endswith(
+        f"; generated earlier with episodes 1 (data.generated_episodes=8): those settings make a new folder "
+        f"only (remove {tmp_path / 'd'} to generate again with them)"
+    )
+    same = inputs_check(
+        load_config("furniture_train", cpu_scale=True, overrides={**sets, "data.generated_episodes": "1"})
+    )
+    assert "generated earlier" not in same[0]
+
+
+def test_a_best_that_is_a_folder_fails_preflight_naming_the_fix(tmp_path, capsys, fake_torchrun):
+    """Found by a review: a run dir copied with `cp -rL` has `checkpoints/best` as a folder; the run failed
+    after its last save (os.replace onto a folder), and the rerun said "run complete" with no best."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "best").mkdir(parents=True)
+    assert launch.main(["furniture_train", "2", "--run-dir", str(run_dir), *TINY]) == 3
+    err = capsys.readouterr().err
+    assert f"{run_dir / 'checkpoints' / 'best'} is a folder, not the link bin/train keeps" in err
+    assert f"rm -r {run_dir / 'checkpoints' / 'best'}" in err and not fake_torchrun.calls
+
+
 def test_a_resume_never_makes_new_episodes_for_its_checkpoint(tmp_path, capsys, fake_torchrun):
     """Found by a review: a resume whose data.path was mistyped (or moved) generated synthetic episodes there
     and trained on, exit 0: the checkpoint's run went on with other data."""

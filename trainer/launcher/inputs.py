@@ -80,7 +80,7 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
         raise PreflightError(problem)
     if files:
         _cache_makeable(cfg, found.root)
-        return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}"
+        return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}" + _generated_note(cfg, root)
     if resumes is not None:
         checkpoint, trained_on = resumes
         raise PreflightError(
@@ -96,6 +96,26 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
             "not demonstrations; first use)"
         )
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
+
+
+def _generated_note(cfg: RunConfig, root: Path) -> str:
+    """A generated folder made with other data.generated_* counts than the config's, said: those settings
+    apply to an empty folder only, and were ignored unsaid (found by a review)."""
+    import json
+
+    try:
+        made = json.loads((root / "GENERATED.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    wanted = {"episodes": cfg.data.generated_episodes, "length": cfg.data.generated_length}
+    other = {k: made.get(k) for k, v in wanted.items() if isinstance(made, dict) and made.get(k) != v}
+    if not other:
+        return ""
+    said = ", ".join(f"{k} {v} (data.generated_{k}={wanted[k]})" for k, v in other.items())
+    return (
+        f"; generated earlier with {said}: those settings make a new folder only (remove {root} to "
+        "generate again with them)"
+    )
 
 
 def _cache_makeable(cfg: RunConfig, base: Path) -> None:

@@ -3,7 +3,8 @@
     damaged = quarantine(run_dir, node_rank)            # [Damaged as JSON]; PreflightError: refuse
     code = finished(run_dir, cfg, world_size, started)  # EXIT_OK: nothing to train; None: train
 
-Node 0 moves every damaged checkpoint aside (never deletes it) and names each; the ranks then resume from
+A `best` that is a folder (a run dir copied with `cp -L`) refuses the launch, naming the fix. Node 0 moves
+every damaged checkpoint aside (never deletes it) and names each; the ranks then resume from
 the newest intact one. One that cannot be moved (a read-only checkpoints dir) refuses the launch: left in
 place it would be resumed from, or counted as the finished run. A run whose newest intact checkpoint is the
 requested step is finished, but only for the config that trained it: a rerun whose settings conflict with
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.attempt import EXIT_OK, summary_path
+from trainer.checkpoint.best import POINTER
 from trainer.checkpoint.layout import MARKER, DamagedInPlace, quarantine_damaged, resume_conflicts, scan
 from trainer.config import RunConfig
 from trainer.launcher.console import say
@@ -27,6 +29,14 @@ from trainer.launcher.summaries import settle_finished_run
 
 
 def quarantine(run_dir: Path, node_rank: int) -> list[dict[str, Any]]:
+    best = run_dir / "checkpoints" / POINTER
+    if best.exists() and not best.is_symlink():  # every node: no rank may start on it
+        raise PreflightError(
+            f"{best} is a folder, not the link bin/train keeps to the best checkpoint (a copy made with "
+            f"`cp -L` or `rsync -L`?): its re-pointing would fail after the last save, and bin/evaluate and "
+            f"bin/serve would read it as the best; remove it (`rm -r {best}`; the checkpoint it copies is "
+            "still there) and the next run points it again"
+        )
     if node_rank != 0:
         return []
     try:
