@@ -234,3 +234,37 @@ def test_a_port_in_use_is_said_before_anything_loads(capsys, monkeypatch):
     assert ended.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"serve: cannot listen on 127.0.0.1:{port}: Address already in use"], lines
+
+
+def test_a_client_that_stops_reading_is_dropped_and_a_second_signal_drops_the_rest():
+    """Found by a review: a client that sent requests and read no reply held its slot (the idle clock
+    paused during the blocked send) and the stop (SIGTERM waited 90 s for it; a second signal was ignored).
+    A reply not taken within --idle-timeout drops the connection; at a stop, what still closes after
+    STOP_GRACE_S, or at a second signal, is dropped."""
+    from websockets.exceptions import ConnectionClosed
+
+    class Stuck:  # a connection whose client's buffers are full: send() never completes
+        def __init__(self) -> None:
+            self.aborted = 0
+            self.transport = self
+
+        def abort(self) -> None:
+            self.aborted += 1
+
+        async def send(self, frame) -> None:
+            await asyncio.Event().wait()
+
+    said = Lines()
+    server = PolicyServer(tiny_served(), Limits(None, 1, 64 * 1024, IDLE), said)
+    stuck = Stuck()
+    server.idle_since[7], server.conns[7] = ("127.0.0.1:5555", None), stuck
+
+    async def send() -> None:
+        with pytest.raises(ConnectionClosed):
+            await server._send(stuck, 7, b"reply")
+
+    asyncio.run(send())
+    assert stuck.aborted == 1
+    assert "connection 7 from 127.0.0.1:5555: a reply waited 0.5 s to be read" in said.wait_for("WARNING")[0]
+    server._drop_all("SIGTERM again")
+    assert stuck.aborted == 2 and said.wait_for(r"SIGTERM again: dropping 1 connection\(s\)")

@@ -30,7 +30,9 @@ GET without the upgrade) is one quiet line, the first time only, never websocket
 own log goes through `_WebsocketsLog`.
 A frame over --max-frame-bytes closes that connection with 1009 (message too big) and the reason, before
 it is read into memory. SIGINT or SIGTERM: stop accepting, close the connections (1001 going away), let
-the request on the worker finish, return 0.
+the request on the worker finish, return 0. A client that stops reading its replies is closed like an idle
+one once a reply has waited --idle-timeout to be taken (its slot was held for good); connections still
+open STOP_GRACE_S after the stop, or at a second signal, are dropped, so a stop never waits on a client.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from trainer.serving.protocol import Executed, Observe, ProtocolError, Reset, de
 from trainer.serving.protocol import Request as Message
 from trainer.serving.session import Served, Session
 
+STOP_GRACE_S = 10.0  # after SIGINT/SIGTERM, connections still closing are dropped
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -69,6 +73,7 @@ class PolicyServer:
         self.served, self.limits, self.say = served, limits, say
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lingbot-model")
         self.open = 0
+        self.conns: dict[int, ServerConnection] = {}  # the open connections, dropped at a forced stop
         self.idle_since: dict[
             int, tuple[str, float | None]
         ] = {}  # id -> (peer, waiting since; None: in a request)
@@ -127,16 +132,20 @@ class PolicyServer:
         self.open += 1
         cid = next(self.ids)
         self.idle_since[cid] = (_peer(ws), time.monotonic())
+        self.conns[cid] = ws
         self.say(f"serve: connection {cid} from {_peer(ws)} opened ({self.open} open)")
         session = Session(self.served)
         try:
-            await ws.send(pack(metadata(self.served.spec, {"max_frame_bytes": self.limits.max_frame_bytes})))
+            await self._send(
+                ws, cid, pack(metadata(self.served.spec, {"max_frame_bytes": self.limits.max_frame_bytes}))
+            )
             await self._requests(ws, cid, session)
         except ConnectionClosed:
             pass
         finally:
             self.open -= 1
             del self.idle_since[cid]
+            del self.conns[cid]
             why = (
                 f"{ws.close_code} {ws.close_reason or ''}".strip() if ws.close_code is not None else "dropped"
             )
@@ -153,24 +162,47 @@ class PolicyServer:
                 reply, kind, infer_s = await loop.run_in_executor(self.worker, _run, session, request)
             except ProtocolError as exc:
                 self.say(f"serve: connection {cid}: bad request: {exc}")
-                await ws.send(f"bad request: {exc}")
+                await self._send(ws, cid, f"bad request: {exc}")
                 continue
             except Exception as exc:  # noqa: BLE001 - the model failed on this request; the server goes on
                 self.say(f"serve: connection {cid}: failed: {type(exc).__name__}: {exc}")
                 self.say(traceback.format_exc().rstrip())
-                await ws.send(f"server error: {type(exc).__name__}: {exc}")
+                await self._send(ws, cid, f"server error: {type(exc).__name__}: {exc}")
                 continue
             total = time.perf_counter() - start
             timing = {"infer_ms": infer_s * 1000, "queue_ms": (total - infer_s) * 1000}
             if prev_total is not None:
                 timing["prev_total_ms"] = prev_total * 1000
             reply["server_timing"] = timing
-            await ws.send(pack(reply))
+            await self._send(ws, cid, pack(reply))
             prev_total = time.perf_counter() - start
             self.say(
                 f"serve: connection {cid}: {kind} {infer_s * 1000:.1f} ms "
                 f"(queued {timing['queue_ms']:.1f} ms)"
             )
+
+    async def _send(self, ws: ServerConnection, cid: int, frame: str | bytes) -> None:
+        """One frame to the client; a client that has not taken it within --idle-timeout (its buffers full:
+        it stopped reading) is dropped, freeing its slot (ConnectionClosed ends the handler). A review found
+        one holding its slot, and the stop, for as long as it lived."""
+        idle = self.limits.idle_timeout
+        try:
+            async with asyncio.timeout(idle or None):
+                await ws.send(frame)
+        except TimeoutError:
+            peer = self.idle_since[cid][0]
+            self.say(
+                f"serve: WARNING: connection {cid} from {peer}: a reply waited {idle:g} s to be read (the "
+                "client stopped reading), dropping it to free its slot"
+            )
+            ws.transport.abort()
+            raise ConnectionClosed(None, None) from None
+
+    def _drop_all(self, why: str) -> None:
+        if self.conns:
+            self.say(f"serve: {why}: dropping {len(self.conns)} connection(s)")
+        for ws in list(self.conns.values()):
+            ws.transport.abort()
 
     async def _next(self, ws: ServerConnection, cid: int) -> str | bytes | None:
         """The connection's next frame; None after closing it for --idle-timeout (ConnectionClosed when
@@ -207,6 +239,8 @@ class PolicyServer:
         def on_signal(sig: int) -> None:
             if not stop.done():
                 stop.set_result(sig)
+            else:  # a second signal: nothing waits on a client any more
+                self._drop_all(f"{signal.Signals(sig).name} again")
 
         self._stop = (loop, on_signal)
 
@@ -229,7 +263,12 @@ class PolicyServer:
             sig = await stop
             self.say(f"serve: {signal.Signals(sig).name}: stopping (closing {self.open} connection(s))")
             server.close()
-            await server.wait_closed()
+            try:
+                async with asyncio.timeout(STOP_GRACE_S):
+                    await server.wait_closed()
+            except TimeoutError:
+                self._drop_all(f"still closing {STOP_GRACE_S:g} s after the stop")
+                await server.wait_closed()
         await loop.run_in_executor(None, self.worker.shutdown, True)
         self.say("serve: stopped")
         return 0
