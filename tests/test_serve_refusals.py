@@ -233,7 +233,8 @@ def test_a_port_in_use_is_said_before_anything_loads(capsys, monkeypatch):
             signal.signal(signal.SIGTERM, sigterm)
     assert ended.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == [f"serve: cannot listen on 127.0.0.1:{port}: Address already in use"], lines
+    in_use = "Address already in use; pick another --port (0: any free one, logged)"  # the fix: a review
+    assert lines == [f"serve: cannot listen on 127.0.0.1:{port}: {in_use}"], lines
 
 
 def test_a_client_that_stops_reading_is_dropped_and_a_second_signal_drops_the_rest():

@@ -135,6 +135,7 @@ def test_the_same_episode_renders_the_same_key_frames_in_two_commands(three_eval
         (["--suite", "libero_90"], "--suite 'libero_90': unknown LIBERO suite"),
         (["--suite", "libero_goal", "--tasks", "3-10"], "--tasks '3-10': 3-10 is out of range"),
         (["--episodes", "all"], "--episodes 'all': with --sim, the number of episodes per task"),
+        (["--workers", "0"], "--workers 0: expected at least 1"),  # a review: it meant the default, unsaid
     ],
 )
 def test_bad_input_is_refused_before_anything_runs(libero_run, tmp_path, args, line):

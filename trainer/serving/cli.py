@@ -23,6 +23,7 @@ file (one line naming it); 1 the server failed (the port in use, a failure while
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import socket
 import sys
@@ -228,7 +229,8 @@ def main(target, port, host, sets, api_key_file, max_connections, max_frame_byte
         _say(f"serve: {exc}")
         code = EXIT_FAILED
     except OSError as exc:
-        _say(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}")
+        fix = "; pick another --port (0: any free one, logged)" if exc.errno == errno.EADDRINUSE else ""
+        _say(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}{fix}")
         code = EXIT_FAILED
     except Exception as exc:  # noqa: BLE001 - one line on the terminal; the traceback under it for the log
         traceback.print_exc(file=sys.stderr)

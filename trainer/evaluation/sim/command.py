@@ -176,7 +176,7 @@ class Serving:
 def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
-    suites.check_counts(opts.episodes, opts.max_steps, opts.workers or 1)
+    suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
     served, checkpoint, out = load(target, opts, say)
     writer = hold_output(out)
     try:
