@@ -154,30 +154,34 @@ class SbatchRequest:
         return 0 if self.cpu_scale else self.nproc
 
 
-def render_sbatch(req: SbatchRequest) -> str:
-    repo_root = Path(req.repo_root).absolute()
-    run_dir = req.resolved_run_dir()
-    train_args = req.train_args()
-    directives = [
+def directives(req: SbatchRequest) -> list[str]:
+    """The #SBATCH options (module docstring)."""
+    out = [
         f"--job-name=lingbot-{req.config}",
         f"--nodes={req.nnodes}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={req.cpus_per_task or req.nproc}",
     ]
     if req.gpus():
-        directives.append(f"--gpus-per-node={req.gpus()}")
-    directives += [
+        out.append(f"--gpus-per-node={req.gpus()}")
+    out += [
         f"--time={req.time_limit}",
         f"--signal=B:USR1@{req.signal_lead_s}",
         "--requeue",
         "--open-mode=append",
-        f"--output={run_dir}/slurm-%j.out",
+        f"--output={req.resolved_run_dir()}/slurm-%j.out",
     ]
     if req.partition:
-        directives.append(f"--partition={req.partition}")
+        out.append(f"--partition={req.partition}")
     if req.account:
-        directives.append(f"--account={req.account}")
-    header = "\n".join(f"#SBATCH {d}" for d in directives)
+        out.append(f"--account={req.account}")
+    return out
+
+
+def render_sbatch(req: SbatchRequest) -> str:
+    repo_root = Path(req.repo_root).absolute()
+    train_args = req.train_args()
+    header = "\n".join(f"#SBATCH {d}" for d in directives(req))
     q = shlex.quote
     train = " ".join(q(a) for a in ["bin/train", *train_args])
     # one comment line whatever the values hold: a newline would end it, and sbatch stops reading #SBATCH
