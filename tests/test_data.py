@@ -285,6 +285,10 @@ def test_cache_is_used_and_stale_cache_refused(tmp_path, monkeypatch):
     assert (
         needs_fix(stale.value) == "the latent cache is rebuilt (its line says how)"
     )  # not "the data is fixed"
+    # a path that cannot be written fails the same way next time (a review: the last line said "starts
+    # fresh"); other OSErrors may be passing (a network file system's hiccup) and are not a needed fix
+    ro = OSError(30, "Read-only file system", "/data/.latents")
+    assert needs_fix(ro) == "/data/.latents can be written" and needs_fix(OSError(5, "I/O error")) is None
     manifest_path = directory / "manifest.json"
     bad = json.loads(manifest_path.read_text())
     bad["spec"]["cameras"] = ["color_image1"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import os
 import signal
 import sys
@@ -155,6 +156,8 @@ def needs_fix(exc: BaseException) -> str | None:
         (CheckpointError, "the checkpoint conflict is resolved"),
         (BackendUnavailable, "model.attention is changed"),
     ]
+    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not transient
+        return f"{exc.filename or 'the path it names'} can be written"
     return next((fix for cls, fix in fixes if isinstance(exc, cls)), None)
 
 
