@@ -165,6 +165,14 @@ def test_a_malformed_environment_number_is_a_usage_error_naming_it(tmp_path, cap
     assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "run"), *TINY]) == 2
     assert f"the environment's {name}='29500x' is not a whole number" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    # a launch that does not read it is not refused for it (a review): --sbatch, or the option replacing it
+    assert launch.main(["furniture_train", "2", "--run-dir", str(tmp_path / "sb"), "--sbatch"]) == 0
+    replaced_by = {"MASTER_PORT": "--master-port", "SLURM_NODEID": "--node-rank", "SLURM_NNODES": "--nnodes"}
+    if name in replaced_by:
+        from trainer.launcher.rendezvous import bad_int_variable
+
+        given = parse_args(["furniture_train", "2", replaced_by[name], "1"])
+        assert bad_int_variable({name: "29500x"}, given) is None
 
 
 def test_a_tilde_in_the_run_dir_is_the_home_folder(tmp_path, monkeypatch):
@@ -382,6 +390,14 @@ def test_a_resume_never_makes_new_episodes_for_its_checkpoint(tmp_path, capsys, 
         in err
     )
     assert not empty.exists() and not fake_torchrun.calls
+    # its own data.path, emptied (a requeue onto a node whose local data.path is empty): the run's generated
+    # episodes are made again, the same (seeded; the generation settings are fixed on a resume)
+    from trainer.launcher.inputs import inputs_check
+
+    again = load_config("furniture_train", cpu_scale=True, overrides={"data.path": str(trained_on)})
+    assert inputs_check(again, (ckpt, str(trained_on)))[0].startswith(
+        f"data: no episodes under {trained_on}: the"
+    )
 
 
 # --- env choice and the ranks' environment ------------------------------------------------------------
@@ -634,6 +650,16 @@ def test_sbatch_runs_the_command_line_it_was_given(tmp_path, capsys, monkeypatch
         )
         assert f"--time {time_limit} is not longer than --signal-lead {lead} s" in capsys.readouterr().err
     assert launch.main(["furniture_train", "2", "--sbatch", "--time", "3", "--signal-lead", "60"]) == 0
+    for no_limit in ("0", "unlimited"):  # sbatch's "no time limit", both (a review: 0 was refused)
+        assert launch.main(["furniture_train", "2", "--sbatch", "--time", no_limit]) == 0
+    capsys.readouterr()
+    for flag in ("--partition", "--run-dir"):  # a line break would end sbatch's reading of #SBATCH lines
+        assert launch.main(["furniture_train", "2", "--sbatch", flag, "gpu\nx"]) == 2
+        assert f"{flag} " in capsys.readouterr().err
+    # every root of several is the working directory's, and a value is stripped as parse_set strips it
+    assert launch.main(["furniture_train", "2", "--sbatch", "--set", "data.format=lerobot", "--set",
+                        "data.path=ds/a, ds/b", "--set", "data.cache_dir= /abs/c"]) == 0  # fmt: skip
+    assert f"data.path={t / 'ds/a'},{t / 'ds/b'} --set data.cache_dir=/abs/c " in capsys.readouterr().out
 
 
 def test_a_stop_signal_during_preflight_stops_before_any_rank(tmp_path, monkeypatch, fake_torchrun):

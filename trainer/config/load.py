@@ -202,8 +202,16 @@ def _anchor_set_paths(cfg: RunConfig, sources: dict[str, str]) -> None:
     for key in SET_PATH_KEYS:
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if value and sources.get(key) == SET and not Path(value).expanduser().is_absolute():
-            setattr(getattr(cfg, section), name, str(Path.cwd() / value))
+        if value and sources.get(key) == SET:
+            setattr(getattr(cfg, section), name, _anchored(key, str(value)))
+
+
+def _anchored(key: str, value: str) -> str:
+    """`value` of path key `key` with each relative path made the working directory's: data.path's every
+    comma-separated root (several LeRobot roots), stripped as parse_set strips a value (a review found only
+    the first root anchored, and a leading space anchored as part of the path)."""
+    parts = [p.strip() for p in value.split(",")] if key == "data.path" else [value.strip()]
+    return ",".join(p if not p or Path(p).expanduser().is_absolute() else str(Path.cwd() / p) for p in parts)
 
 
 def anchored_set_item(item: str) -> str:
@@ -212,8 +220,8 @@ def anchored_set_item(item: str) -> str:
     --sbatch script cds to the checkout)."""
     key, sep, value = item.partition("=")
     key = key.strip()
-    if sep and key in SET_PATH_KEYS and value and not Path(value).expanduser().is_absolute():
-        return f"{key}={Path.cwd() / value}"
+    if sep and key in SET_PATH_KEYS and value.strip():
+        return f"{key}={_anchored(key, value)}"
     return item
 
 

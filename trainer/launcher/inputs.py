@@ -27,8 +27,8 @@ from trainer.launcher.errors import PreflightError
 
 def inputs_check(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> list[str]:
     """Notes for the terminal; PreflightError naming the file and the fix when the inputs cannot work.
-    `resumes`: (the checkpoint this run resumes from, the data.path it was trained on): a data.path with no
-    episodes then is refused, never generated or recorded into (the run would go on with other data)."""
+    `resumes`: (the checkpoint this run resumes from, the data.path it was trained on): another data.path
+    with no episodes is refused, never generated or recorded into (the run would go on with other data)."""
     return [_data_note(cfg, resumes), *_encoder_notes(cfg), *_weights_notes(cfg)]
 
 
@@ -81,7 +81,7 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
     if files:
         _cache_makeable(cfg, found.root)
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}" + _generated_note(cfg, root)
-    if resumes is not None:
+    if resumes is not None and not _same_data_path(cfg.data.path, resumes[1]):
         checkpoint, trained_on = resumes
         raise PreflightError(
             f"data.path={cfg.data.path}: no episodes under {root}, and this run resumes from {checkpoint}, "
@@ -116,6 +116,13 @@ def _generated_note(cfg: RunConfig, root: Path) -> str:
         f"; generated earlier with {said}: those settings make a new folder only (remove {root} to "
         "generate again with them)"
     )
+
+
+def _same_data_path(path: str, trained_on: str) -> bool:
+    """Whether this root is (one of) the data.path the checkpoint trained on: there, episodes the run made
+    are made again the same (seeded by train.seed, data.generated_*: fixed on a resume), as a requeue onto
+    a node whose local data.path is empty needs (a review: refusing them was a regression)."""
+    return path.strip() in {p.strip() for p in trained_on.split(",")} or path.strip() == trained_on.strip()
 
 
 def _cache_makeable(cfg: RunConfig, base: Path) -> None:

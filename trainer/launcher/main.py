@@ -174,7 +174,7 @@ def _main(args: argparse.Namespace, started: float, known: Known) -> int:
     environ = dict(os.environ)
     gpus = 0 if args.sbatch is not None else gpu_count()
     try:
-        bad = bad_int_variable(environ)
+        bad = bad_int_variable(environ, args)
         if bad:
             raise ConfigError(bad)
         cfg, cpu_scale, unusable_weights = _load(args, gpus)

@@ -38,10 +38,21 @@ class Rendezvous:
 INT_VARIABLES = ("SLURM_NODEID", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_RESTART_COUNT", "MASTER_PORT")
 
 
-def bad_int_variable(environ: dict[str, str]) -> str | None:
-    """The first of INT_VARIABLES set to something other than a whole number (the launcher reads them with
-    int(): a traceback, exit 1 and no summary before), said with its fix; None when they all read."""
+def bad_int_variable(environ: dict[str, str], args: argparse.Namespace) -> str | None:
+    """The first of INT_VARIABLES this launch reads that is set to something other than a whole number
+    (read with int(): a traceback, exit 1 and no summary before), said with its fix; None when they all
+    read. --sbatch and --plan read none; an option given reads none of its variables."""
+    if getattr(args, "sbatch", None) is not None or getattr(args, "plan", False):
+        return None
+    given = {
+        "MASTER_PORT": args.master_port is not None,
+        "SLURM_NODEID": args.node_rank is not None,
+        "SLURM_NNODES": args.nnodes is not None,
+        "SLURM_JOB_NUM_NODES": args.nnodes is not None,
+    }
     for name in INT_VARIABLES:
+        if given.get(name):
+            continue
         value = environ.get(name)
         if value and not value.strip().isdigit():
             return f"the environment's {name}={value!r} is not a whole number; unset it or set it right"

@@ -44,7 +44,8 @@ class SbatchOptionError(SbatchPathError):
 
 
 def slurm_seconds(limit: str) -> int | None:
-    """sbatch --time in seconds (its forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for no limit."""
+    """sbatch --time in seconds (its forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None for no limit
+    (unlimited, infinite, 0)."""
     text = limit.strip().lower()
     if text in ("unlimited", "infinite"):
         return None
@@ -57,7 +58,8 @@ def slurm_seconds(limit: str) -> int | None:
         hours, minutes, seconds = parts
     else:  # M or M:S
         hours, (minutes, seconds) = 0, (parts + [0])[:2]
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return total or None  # 0: sbatch's "no time limit" too (a review: it was refused)
 
 
 @dataclass
@@ -140,6 +142,10 @@ class SbatchRequest:
 
     def check(self) -> None:
         """SbatchOptionError for options the script cannot honour."""
+        for name, value in (("--run-dir", str(self.resolved_run_dir())), ("--partition", self.partition),
+                            ("--account", self.account)):  # fmt: skip
+            if value and ("\n" in value or "\r" in value):  # sbatch stops reading #SBATCH lines there
+                raise SbatchOptionError(f"{name} {value!r}: a line break cannot go into an #SBATCH line")
         limit = slurm_seconds(self.time_limit)
         if limit is not None and limit <= self.signal_lead_s:
             raise SbatchOptionError(

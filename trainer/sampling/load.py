@@ -237,6 +237,11 @@ def load_model(
 RUNTIME_MODEL_KEYS = frozenset({"model.attention", "model.attn_block", "model.activation_checkpointing"})
 
 
+# data.* keys a checkpoint takes from the command line: where its data and cache are (a resume's free keys),
+# and where the encoder weights sit on this machine (a review: they were refused)
+CHECKPOINT_DATA_KEYS = (*FREE_DATA_KEYS, "vae_path", "text_encoder", "tokenizer")
+
+
 def apply_sets(cfg: RunConfig, sets: list[str], what: str, checkpoint: bool = False) -> RunConfig:
     """The loaded model's config with the command's --set values (judged by the config's rules); TargetError
     for a model.* one the loaded model cannot follow: its shape is TARGET's own (a checkpoint's
@@ -250,12 +255,14 @@ def apply_sets(cfg: RunConfig, sets: list[str], what: str, checkpoint: bool = Fa
     changed = copy.deepcopy(cfg)
     apply_overrides(changed, wanted, "--set")
     for key in wanted:
-        fixed_data = checkpoint and key.startswith("data.") and key.split(".", 1)[1] not in FREE_DATA_KEYS
+        fixed_data = (
+            checkpoint and key.startswith("data.") and key.split(".", 1)[1] not in CHECKPOINT_DATA_KEYS
+        )
         if fixed_data and value_of(changed, key) != value_of(cfg, key):
             raise TargetError(
                 f"--set {key}={value_of(changed, key)!r}: {what} was trained with {key}="
                 f"{value_of(cfg, key)!r}, and is evaluated and served with its own data settings; drop that "
-                f"--set (of data.*, only {', '.join(f'data.{k}' for k in FREE_DATA_KEYS)} apply to a "
+                f"--set (of data.*, only {', '.join(f'data.{k}' for k in CHECKPOINT_DATA_KEYS)} apply to a "
                 "checkpoint)"
             )
         if key.startswith("model.") and key not in RUNTIME_MODEL_KEYS:
