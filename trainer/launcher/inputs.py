@@ -4,8 +4,8 @@ Values judgeable without them are trainer/config/rules.py's (exit 2, before this
 the episodes or the weights in full:
 - data: data.path holds episodes of data.task, or they may be generated there (the same rule and message
   as the ranks' trainer/data/formats/sources.py ensure_dataset: `missing_episodes`; the libero preset's
-  CPU scale records its LeRobot dataset there when it has none; never for a run that resumes: its
-  checkpoint was trained on other episodes); a LeRobot dataset's
+  CPU scale records its LeRobot dataset there when it has none; for a run that resumes, only on the
+  data.path its checkpoint trained on, where the same seeded episodes are made again); a LeRobot dataset's
   meta/, cameras (in info.json, codec decodable), action columns, and every listed episode's parquet and
   videos;
 - encoders: data.vae_path (data.encoder wan_vae) and data.text_encoder hold their config.json (and the
