@@ -97,8 +97,8 @@ def run(target, episodes, config, cpu_scale, sets, seed, device, plots_dir=None)
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     data = load_episodes(cfg)
     said = f"the dataset {cfg.data.path}"
-    check_trained_stats(
-        target, data.normalizer, data.latent_stats, said, lambda line: _say(f"evaluate: {line}")
+    check_trained_stats(  # the checkpoint loaded above, even if `best` has moved since (a run in training)
+        resolved[1], data.normalizer, data.latent_stats, said, lambda line: _say(f"evaluate: {line}")
     )
     chosen, banner = held_out(data.names, cfg, episodes)
     _say(banner)

@@ -81,7 +81,7 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
     if files:
         _cache_makeable(cfg, found.root)
         return f"data: {len(files)} {cfg.data.task} episode file(s) under {root}" + _generated_note(cfg, root)
-    if resumes is not None and not _same_data_path(cfg.data.path, resumes[1]):
+    if resumes is not None and not _same_data_path(cfg, root, resumes[1]):
         checkpoint, trained_on = resumes
         raise PreflightError(
             f"data.path={cfg.data.path}: no episodes under {root}, and this run resumes from {checkpoint}, "
@@ -118,11 +118,16 @@ def _generated_note(cfg: RunConfig, root: Path) -> str:
     )
 
 
-def _same_data_path(path: str, trained_on: str) -> bool:
-    """Whether this root is (one of) the data.path the checkpoint trained on: there, episodes the run made
-    are made again the same (seeded by train.seed, data.generated_*: fixed on a resume), as a requeue onto
-    a node whose local data.path is empty needs (a review: refusing them was a regression)."""
-    return path.strip() in {p.strip() for p in trained_on.split(",")} or path.strip() == trained_on.strip()
+def _same_data_path(cfg: RunConfig, root: Path, trained_on: str) -> bool:
+    """Whether this root is (one of) the data.path the checkpoint trained on, compared as folders (a preset's
+    relative path is the repo root's): there, episodes the run made are made again the same (seeded by
+    train.seed, data.generated_*: fixed on a resume), as a requeue onto a node whose local data.path is
+    empty needs (a review: refusing them was a regression)."""
+    from trainer.data.cache.location import resolve_data_path
+    from trainer.data.formats.multiroot import for_root
+
+    parts = [p.strip() for p in trained_on.split(",") if p.strip()]
+    return root in {resolve_data_path(for_root(cfg, Path(p))) for p in parts}
 
 
 def _cache_makeable(cfg: RunConfig, base: Path) -> None:
