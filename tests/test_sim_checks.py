@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.evaluation.sim import assets, suites
+from trainer.sim import assets, suites
 from trainer.evaluation.sim.report import Progress, record_path, summarise, write_results
 from trainer.evaluation.sim.runner import Pool
 from trainer.serving.protocol import Spec
@@ -219,7 +219,7 @@ def test_one_writer_per_output_folder(tmp_path):
     import os
 
     from trainer.evaluation.sim.command import hold_output
-    from trainer.evaluation.sim.env import SimEnvError
+    from trainer.sim.env import SimEnvError
 
     out = tmp_path / "libero" / "libero_goal"
     first = hold_output(out)
@@ -231,7 +231,7 @@ def test_one_writer_per_output_folder(tmp_path):
 
 def test_a_damaged_episode_record_or_settings_file_is_named_with_its_fix(tmp_path):
     """bin/evaluate --sim reads back what it wrote; a damaged one was a JSONDecodeError traceback."""
-    from trainer.evaluation.sim import suites
+    from trainer.sim import suites
     from trainer.evaluation.sim.command import check_settings
     from trainer.evaluation.sim.report import load_records, record_path
 

@@ -5,7 +5,7 @@ the other episode goes on, and a re-run continues with what is missing; bad inpu
 The run is the tiny `libero` preset run the other preset tests share (tests/support/presets_data.py); its
 policy is random-weight CPU scale, so nothing here asserts a success rate of the model. Success comes from
 the test hook LINGBOT_TEST_SIM_GOAL_AT (trainer/testhooks.py): after env step 2 the worker opens the
-middle drawer through LIBERO's own joint API (trainer/evaluation/sim/goal.py) and LIBERO's next env.step
+middle drawer through LIBERO's own joint API (trainer/sim/goal.py) and LIBERO's next env.step
 returns done. The simulator env (.sim/libero) is the repository's: bin/test starts its build in the
 background; where it cannot be built or cannot render, bin/evaluate exits 1 naming why and these tests FAIL
 with that line (never skipped).
@@ -168,7 +168,7 @@ def test_the_simulator_env_builds_and_renders_a_scene_on_a_worker_without_compil
     """What bin/evaluate --sim runs on a compute node: the env built on the login node (here: this host),
     a LIBERO scene built, reset to its init state, stepped and rendered through EGL inside the worker
     simulation (no gcc, no headers, no binutils, no openssl)."""
-    from trainer.evaluation.sim.env import ensure_env
+    from trainer.sim.env import ensure_env
 
     python = ensure_env("libero", print)
     env = {**worker_env, "MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl", "PYTHONNOUSERSITE": "1",

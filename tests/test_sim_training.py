@@ -9,7 +9,7 @@ The rank is parked at step 3 (test hook) until the evaluator has started (its pi
 knows the evaluation began while training was still to run; TensorBoard's wall times then show step 3
 trained while the evaluation ran (the ranks never waited for it). checkpoint.keep 1 with a save at every
 step: checkpoint_step_2 would be pruned at step 3 were it not pinned. LINGBOT_TEST_SIM_GOAL_AT puts the
-task into its goal state in the simulator (trainer/evaluation/sim/goal.py), so the success is LIBERO's
+task into its goal state in the simulator (trainer/sim/goal.py), so the success is LIBERO's
 own `done` and best-by-sim has a rate to pick by."""
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def _fake_sim_python(tmp_path, body: str):
 @pytest.mark.parametrize("existing", ["missing", "empty", "hidden only"])
 def test_a_complete_recording_is_renamed_into_place(tmp_path, monkeypatch, existing):
     from trainer.data.formats import libero_record
-    from trainer.evaluation.sim import env
+    from trainer.sim import env
 
     body = 'mkdir -p "$out/meta" "$out/data" && echo "{}" > "$out/meta/info.json"'
     python = _fake_sim_python(tmp_path, body)
@@ -117,7 +117,7 @@ def test_a_complete_recording_is_renamed_into_place(tmp_path, monkeypatch, exist
 
 def test_a_failed_or_killed_recording_never_looks_like_a_dataset(tmp_path, monkeypatch):
     from trainer.data.formats import libero_record
-    from trainer.evaluation.sim import env
+    from trainer.sim import env
 
     root = tmp_path / "data" / "libero_cpu"
     stale = tmp_path / "data" / ".libero_cpu.recording-1"  # a killed recording's leftovers

@@ -17,7 +17,7 @@ Variables (each: what it does):
   multiplied by NaN before backward, so the gradients are NaN too (a divergence on one rank).
 - `LINGBOT_TEST_SIM_GOAL_AT=<step>`: a LIBERO simulator worker (trainer/evaluation/sim/worker.py), after
   the episode's env step `<step>`, puts the task's objects into its goal state through the simulator's own
-  state API (trainer/evaluation/sim/goal.py), so the next step's `done` is the simulator's own verdict.
+  state API (trainer/sim/goal.py), so the next step's `done` is the simulator's own verdict.
 - `LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: the simulator worker running that episode aborts
   (`os.abort()`) at its first env step: a simulator crash, deterministically.
 

@@ -50,7 +50,7 @@ ENCODERS = ("patch_mean", "wan_vae")
 NORMALIZE = ("fit", "fixed", "quantile", "mean_std")
 # checkpoint.best_by: the held-out metric (trainer/loop/validate.py) that picks the best checkpoint, or none
 BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
-# eval.sim_suite: LIBERO's suites (trainer/evaluation/sim/suites.py SUITES; not imported: no torch here)
+# eval.sim_suite: LIBERO's suites (trainer/sim/suites.py SUITES; not imported: no torch here)
 SIM_SUITES = ("libero_10", "libero_spatial", "libero_object", "libero_goal")
 
 

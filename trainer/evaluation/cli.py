@@ -147,7 +147,7 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
             device, out) -> tuple[dict, int]:  # fmt: skip
     """--sim libero: trainer/evaluation/sim/command.py; --episodes is the number per task there."""
     from trainer.evaluation.sim.command import Options, run_libero
-    from trainer.evaluation.sim.suites import UsageError
+    from trainer.sim.suites import UsageError
 
     try:
         n = 50 if episodes is None else int(episodes)
@@ -243,8 +243,8 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
 
     from trainer.config import ConfigError
     from trainer.data.formats.furniturebench import DatasetError
-    from trainer.evaluation.sim.env import SimEnvError
-    from trainer.evaluation.sim.suites import UsageError
+    from trainer.sim.env import SimEnvError
+    from trainer.sim.suites import UsageError
     from trainer.sampling.load import TargetError, check_named_config
 
     request = JsonRequest.from_argv(sys.argv[1:])

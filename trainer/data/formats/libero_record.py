@@ -19,7 +19,7 @@ episode's task, fps 20, robot_type panda.
 
     python -m trainer.data.formats.libero_record OUT --episodes 6 [--length 48] [--suite libero_goal]
         runs INSIDE the simulator env (.sim/libero's python, LIBERO_CONFIG_PATH and MUJOCO_GL set, as
-        trainer/evaluation/sim/env.py worker_env does); needs lerobot 0.3.3 importable there
+        trainer/sim/env.py worker_env does); needs lerobot 0.3.3 importable there
     record_dataset(root, episodes, length, suite, say)
         the caller's side (the tool env): builds the simulator env (sim/build.sh), picks the GL backend,
         runs the above into a temporary sibling of root and renames it into place when complete (a killed
@@ -98,7 +98,7 @@ def record_episode(suite, task: int, init: int, length: int) -> dict:
     """One scripted episode: {frames: {camera: [HxWx3]}, action: [(7,)], state: [(8,)], language}."""
     from libero.libero.envs import OffScreenRenderEnv
 
-    from trainer.evaluation.sim.worker import extract
+    from trainer.sim.scene import extract
 
     env = OffScreenRenderEnv(bddl_file_name=suite.get_task_bddl_file_path(task), camera_heights=SIZE,
                              camera_widths=SIZE)  # fmt: skip
@@ -220,7 +220,7 @@ def _move_into_place(done: Path, root: Path) -> None:
 
 def record_dataset(root: Path, episodes: int, length: int, suite: str, say: Callable[[str], None]) -> Path:
     """Record into a temporary sibling of root, rename it into place; the caller holds the dataset lock."""
-    from trainer.evaluation.sim.env import SimEnvError, choose_gl, ensure_env, worker_env
+    from trainer.sim.env import SimEnvError, choose_gl, ensure_env, worker_env
 
     for line in ("!" * 100, ANNOUNCE, "!" * 100):  # a banner, as the stand-in encoders' (cache/prepare.py)
         say(line)

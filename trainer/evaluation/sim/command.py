@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.atomic import write_json_atomic
-from trainer.evaluation.sim import suites
+from trainer.sim import suites
 from trainer.evaluation.sim.report import Progress, load_records, summarise, write_results
 
 EXIT_INTERRUPTED = 130
@@ -98,7 +98,7 @@ def hold_output(out: Path) -> int:
     bin/evaluate --sim on the same folder (a user beside the launcher's evaluator) is refused, exit 1."""
     import fcntl
 
-    from trainer.evaluation.sim.env import SimEnvError
+    from trainer.sim.env import SimEnvError
 
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / ".writer.lock", os.O_CREAT | os.O_RDWR, 0o644)
@@ -186,7 +186,7 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
 
 
 def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, say) -> tuple[dict, int]:
-    from trainer.evaluation.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.sim.env import choose_gl, ensure_env, worker_env
     from trainer.evaluation.sim.runner import Pool
 
     device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)

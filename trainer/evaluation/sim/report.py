@@ -39,7 +39,7 @@ def load_records(out: Path, tasks: list[int], episodes: int) -> dict[tuple[int, 
 def read_json_or_refuse(path: Path, fix: str) -> Any:
     """An output file this command wrote (atomically) and reads back; damaged (a disk fault, a hand edit):
     suites.UsageError naming it and `fix`, never a JSONDecodeError traceback."""
-    from trainer.evaluation.sim import suites
+    from trainer.sim import suites
 
     try:
         return json.loads(path.read_text())

@@ -48,10 +48,7 @@ from typing import Any
 
 import numpy as np
 
-CAMERAS = ("observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb")
-SIZE = 128  # run_one: camera_heights, camera_widths
-SETTLE = 5  # init_single_env: `for _ in range(5): env.step([0.] * 7)`
-
+from trainer.sim.scene import CAMERAS, SETTLE, SIZE, extract, seed_scene
 
 class TimedClient:
     """PolicyClient (upstream's WebsocketClientPolicy's behaviour) with its round trips timed: the server's
@@ -77,14 +74,6 @@ class TimedClient:
             self.policy_s += server
         self.transport_s += took - server
         return reply
-
-
-def extract(obs: dict) -> dict[str, np.ndarray]:
-    """run_one's _extract_obs: both cameras flipped vertically, contiguous."""
-    return {
-        CAMERAS[0]: np.ascontiguousarray(obs["agentview_image"][::-1]),
-        CAMERAS[1]: np.ascontiguousarray(obs["robot0_eye_in_hand_image"][::-1]),
-    }
 
 
 class LiberoSim:
@@ -136,20 +125,12 @@ class LiberoSim:
         self.timestep = int(self.env.env.timestep)
         observes, steps = extract(obs), self.timestep - SETTLE
         if self.goal_at is not None and steps == self.goal_at:
-            from trainer.evaluation.sim.goal import reach_goal
+            from trainer.sim.goal import reach_goal
 
             print(f"worker: test hook: goal state set: {reach_goal(self.env)}", file=sys.stderr)
         if not done and steps % self.key_every == 0:
             self.frames.append(observes)
         return observes, bool(done)
-
-
-def seed_scene(seed: int, suite: str, task: int, episode: int) -> None:
-    """The global RNGs LIBERO and robosuite draw from while building a scene (see the module docstring)."""
-    import random
-
-    random.seed(f"{seed}:{suite}:{task}:{episode}")
-    np.random.seed([seed, task, episode, sum(suite.encode())])
 
 
 def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:

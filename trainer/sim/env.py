@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 BACKENDS = {  # backend -> the Debian packages that provide it
     "egl": "libegl1 libgl1-mesa-dri",
     "osmesa": "libosmesa6",

@@ -20,7 +20,7 @@ from pathlib import Path
 SUITES = ("libero_10", "libero_spatial", "libero_object", "libero_goal")
 CHANNELS = 7
 CAMERAS = ("observation.images.agentview_rgb", "observation.images.eye_in_hand_rgb")
-MANIFEST = Path(__file__).resolve().parents[3] / "sim" / "libero" / "bddl-8f1084e.txt"
+MANIFEST = Path(__file__).resolve().parents[2] / "sim" / "libero" / "bddl-8f1084e.txt"
 
 
 class UsageError(ValueError):

@@ -1,6 +1,6 @@
 """Check an installed LIBERO against upstream's files: each file a manifest names must be there, as is.
 
-    python -m trainer.evaluation.sim.assets SITE_PACKAGES SPEC_DIR     (sim/build.sh runs it; stdlib only)
+    python -m trainer.sim.assets SITE_PACKAGES SPEC_DIR     (sim/build.sh runs it; stdlib only)
 
 The manifests in sim/libero/ list upstream LIBERO's files at commit 8f1084e as `git ls-tree -r` gives them:
 the git blob hash (what `git hash-object FILE` prints) and the path. Where they are looked for, under
@@ -64,7 +64,7 @@ def check(site: Path, spec: Path) -> tuple[int, list[str]]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m trainer.evaluation.sim.assets SITE_PACKAGES SPEC_DIR", file=sys.stderr)
+        print("usage: python -m trainer.sim.assets SITE_PACKAGES SPEC_DIR", file=sys.stderr)
         return 2
     try:
         checked, problems = check(Path(argv[0]), Path(argv[1]))
