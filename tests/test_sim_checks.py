@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.sim import assets, suites
 from trainer.evaluation.sim.report import Progress, record_path, summarise, write_results
 from trainer.evaluation.sim.runner import Pool
 from trainer.serving.protocol import Spec
+from trainer.sim import assets, suites
 
 pytestmark = pytest.mark.fast
 
@@ -231,9 +231,9 @@ def test_one_writer_per_output_folder(tmp_path):
 
 def test_a_damaged_episode_record_or_settings_file_is_named_with_its_fix(tmp_path):
     """bin/evaluate --sim reads back what it wrote; a damaged one was a JSONDecodeError traceback."""
-    from trainer.sim import suites
     from trainer.evaluation.sim.command import check_settings
     from trainer.evaluation.sim.report import load_records, record_path
+    from trainer.sim import suites
 
     path = record_path(tmp_path, 0, 1)
     path.parent.mkdir(parents=True)

@@ -243,9 +243,9 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
 
     from trainer.config import ConfigError
     from trainer.data.formats.furniturebench import DatasetError
+    from trainer.sampling.load import TargetError, check_named_config
     from trainer.sim.env import SimEnvError
     from trainer.sim.suites import UsageError
-    from trainer.sampling.load import TargetError, check_named_config
 
     request = JsonRequest.from_argv(sys.argv[1:])
     request.capture_stdout()

@@ -39,8 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from provision.atomic import write_json_atomic
-from trainer.sim import suites
 from trainer.evaluation.sim.report import Progress, load_records, summarise, write_results
+from trainer.sim import suites
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM: scancel, `timeout`, kill
@@ -186,8 +186,8 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
 
 
 def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, say) -> tuple[dict, int]:
-    from trainer.sim.env import choose_gl, ensure_env, worker_env
     from trainer.evaluation.sim.runner import Pool
+    from trainer.sim.env import choose_gl, ensure_env, worker_env
 
     device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
     check_settings(out, settings_of(opts, checkpoint, device))

@@ -50,6 +50,7 @@ import numpy as np
 
 from trainer.sim.scene import CAMERAS, SETTLE, SIZE, extract, seed_scene
 
+
 class TimedClient:
     """PolicyClient (upstream's WebsocketClientPolicy's behaviour) with its round trips timed: the server's
     own `server_timing.infer_ms` is the policy's time (`policy`: sampling chunks and resets; `encode`:
