@@ -164,3 +164,25 @@ def test_a_set_value_that_breaks_another_keys_rule_is_named_with_it(tmp_path, ca
     )
     line = capsys.readouterr().err.strip()
     assert "model.dim=128 is not allowed" in line and "(with model.heads=5 from --set)" in line, line
+
+
+def test_a_preset_with_a_base_is_the_bases_values_with_its_own_on_top(tmp_path, monkeypatch):
+    """`base: NAME`: the base's top level, the preset's, then (CPU scale) the base's cpu_scale block, the
+    preset's; each value named by the file it came from; a cycle is refused naming the chain."""
+    from trainer.config import load
+
+    (tmp_path / "parent.yaml").write_text(
+        "train:\n  lr: 0.5\n  steps: 7\ncpu_scale:\n  train:\n    steps: 3\n    warmup_steps: 2\n"
+    )
+    (tmp_path / "child.yaml").write_text("base: parent\ntrain:\n  lr: 0.25\ncpu_scale:\n  train:\n    steps: 9\n")
+    monkeypatch.setattr(load, "CONFIG_DIR", tmp_path)
+    full, sources = load.resolve_config("child", cpu_scale=False)
+    assert (full.train.lr, full.train.steps, full.name) == (0.25, 7, "child")
+    assert sources["train.steps"] == str(tmp_path / "parent.yaml")
+    assert sources["train.lr"] == str(tmp_path / "child.yaml")
+    cpu, sources = load.resolve_config("child", cpu_scale=True)
+    assert (cpu.train.lr, cpu.train.steps, cpu.train.warmup_steps) == (0.25, 9, 2)
+    assert sources["train.warmup_steps"] == f"{tmp_path / 'parent.yaml'} (cpu_scale)"
+    (tmp_path / "parent.yaml").write_text("base: child\n")
+    with pytest.raises(ConfigError, match=r"child -> parent -> child"):
+        load_config("child", cpu_scale=False)

@@ -4,6 +4,7 @@ rules (trainer/config/rules.py) before it is returned.
 
 A config file holds the cluster-scale experiment at the top level and, under `cpu_scale:`, the overrides
 used on a machine without a GPU (smaller model, fewer steps). Keys are dotted paths: `train.steps=40`.
+A preset may start from another (`base: libero`: that preset's values at each scale, its own on top).
 `sources` ({dotted key: where its value came from}) follows every value for the error lines.
 """
 
@@ -141,6 +142,35 @@ def config_from_dict(tree: dict[str, Any], source: str) -> RunConfig:
     return cfg
 
 
+def _preset_tree(name: str) -> tuple[Path, dict]:
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown config {name!r}: no {path} (available: {', '.join(available_configs())})")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return path, tree
+
+
+def _preset_layers(name: str, seen: tuple[str, ...]) -> list[tuple[Path, dict, dict]]:
+    """The preset's (file, top level, cpu_scale block) flattened, after those of its `base:` preset (and the
+    base's base): a preset that says `base: libero` is libero's values with its own on top, at each scale
+    (the base's top level, the preset's, then the base's cpu_scale block, the preset's)."""
+    path, tree = _preset_tree(name)
+    base = tree.pop("base", None)
+    cpu_block = tree.pop("cpu_scale", {}) or {}
+    layers = []
+    if base is not None:
+        if not isinstance(base, str) or base in (name, *seen):
+            chain = " -> ".join((*seen, name, str(base)))
+            raise ConfigError(f"{path}: base: {base!r} is not another preset ({chain}); name one preset")
+        layers = _preset_layers(base, (*seen, name))
+    return [*layers, (path, _flatten(tree), _flatten(cpu_block))]
+
+
 def available_configs() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
@@ -154,20 +184,13 @@ def resolve_config(
     name: str, cpu_scale: bool, overrides: dict | None = None
 ) -> tuple[RunConfig, dict[str, str]]:
     """load_config, plus where each value that is not a default came from ({dotted key: source})."""
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown config {name!r}: no {path} (available: {', '.join(available_configs())})")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    cpu_block = tree.pop("cpu_scale", {}) or {}
     cfg, sources = RunConfig(name=name), dict[str, str]()
-    apply_overrides(cfg, _flatten(tree), str(path), sources)
+    layers = _preset_layers(name, ())
+    for flat, source in [(top, str(path)) for path, top, _ in layers]:
+        apply_overrides(cfg, flat, source, sources)
     if cpu_scale:
-        apply_overrides(cfg, _flatten(cpu_block), f"{path}{CPU_SCALE_MARK}", sources)
+        for flat, source in [(cpu, f"{path}{CPU_SCALE_MARK}") for path, _, cpu in layers]:
+            apply_overrides(cfg, flat, source, sources)
     if overrides:
         apply_overrides(cfg, overrides, SET, sources)
     _root_preset_paths(cfg, sources)
