@@ -63,7 +63,7 @@ from trainer.launcher.errors import PreflightError, StopBeforeStart
 from trainer.launcher.inputs import inputs_check
 from trainer.launcher.ownership import claim_run_dir
 from trainer.launcher.plancmd import show_plan
-from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, space_check
+from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, sim_platform_check, space_check
 from trainer.launcher.rendezvous import bad_int_variable, rendezvous
 from trainer.launcher.resolved import Known, Launch
 from trainer.launcher.summaries import (
@@ -282,6 +282,7 @@ def _preflight(
         for note in env_checks(choice, env, run_dir):  # a recorded pass on this node: preflight.py
             say(note)
     if rdzv.node_rank == 0:
+        sim_platform_check(cfg)  # the evaluator's simulator env (eval.sim) runs on node 0
         for note in space_check(run_dir, cfg, world_size):
             say(note)
     if gpus and not cpu_scale:
