@@ -334,6 +334,7 @@ def _run(
     detector = stall.StallDetector(launch.cfg.hang, attempt, rdzv.node_rank, launch.world_size, policy)
     log = attempt.output_log(rdzv.node_rank)
     torchrun = supervise.Torchrun(command, launch.env, attempt, detector, log=log)
+    torchrun.meeting = rdzv  # no rank within a minute: said with its likely cause (one node: failed)
     torchrun.sidecar = simeval.SimEval.start(
         launch, attempt
     )  # eval.sim: checkpoints evaluated beside the ranks
