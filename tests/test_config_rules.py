@@ -174,7 +174,9 @@ def test_a_preset_with_a_base_is_the_bases_values_with_its_own_on_top(tmp_path, 
     (tmp_path / "parent.yaml").write_text(
         "train:\n  lr: 0.5\n  steps: 7\ncpu_scale:\n  train:\n    steps: 3\n    warmup_steps: 2\n"
     )
-    (tmp_path / "child.yaml").write_text("base: parent\ntrain:\n  lr: 0.25\ncpu_scale:\n  train:\n    steps: 9\n")
+    (tmp_path / "child.yaml").write_text(
+        "base: parent\ntrain:\n  lr: 0.25\ncpu_scale:\n  train:\n    steps: 9\n"
+    )
     monkeypatch.setattr(load, "CONFIG_DIR", tmp_path)
     full, sources = load.resolve_config("child", cpu_scale=False)
     assert (full.train.lr, full.train.steps, full.name) == (0.25, 7, "child")
@@ -186,3 +188,43 @@ def test_a_preset_with_a_base_is_the_bases_values_with_its_own_on_top(tmp_path, 
     (tmp_path / "parent.yaml").write_text("base: child\n")
     with pytest.raises(ConfigError, match=r"child -> parent -> child"):
         load_config("child", cpu_scale=False)
+
+
+@pytest.mark.parametrize(
+    "sets, shown, why",
+    [
+        (["eval.sim_tasks=0-12"], "eval.sim_tasks='0-12'", "libero_10 has tasks 0-9"),
+        (["eval.sim_tasks=5-2"], "eval.sim_tasks='5-2'", "5-2 is out of range"),
+        (["eval.sim_suite=libero_goal", "eval.sim_tasks=10"], "eval.sim_tasks='10'", "libero_goal has tasks"),
+        (["eval.sim=libero", "eval.sim_every=10"], "eval.sim='libero'", "LIBERO's controller takes 7"),
+    ],
+)
+def test_the_eval_values_are_judged_by_the_simulators_own_checks_before_anything(
+    sets, shown, why, tmp_path, capsys, monkeypatch
+):
+    """Issue 56 item 5: eval.sim_tasks out of the suite's range or reversed, and eval.sim libero on a run
+    LIBERO's client cannot drive (furniture_train: 8 channels, its own cameras) passed the launcher; every
+    evaluation then exited 2 and was recorded failed. The suite's own parse_tasks and check_served judge
+    them."""
+
+    def reached(*args, **kwargs):
+        raise AssertionError("the launcher went on to the preflight")
+
+    monkeypatch.setattr(launch, "_preflight", reached)
+    run_dir = tmp_path / "run"
+    argv = ["furniture_train", "2", "--cpu-scale", "--run-dir", str(run_dir)]
+    assert launch.main(argv + [arg for s in sets for arg in ("--set", s)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert shown in line and why in line and len(line.splitlines()) == 1, line
+    assert not run_dir.exists()
+
+
+def test_the_eval_rules_use_the_simulators_suites_not_a_copy():
+    from trainer.config import rules
+    from trainer.sim import suites
+
+    assert not hasattr(rules, "SIM_SUITES")
+    assert RULES["eval.sim_suite"].allowed == "one of " + ", ".join(suites.SUITES)
+    cfg = load_config("libero", cpu_scale=False)
+    assert cfg.eval.sim == "libero"  # the preset's own: LIBERO's client drives it
+    assert not rules.violations(load_config("libero", cpu_scale=True, overrides={"eval.sim_tasks": "0-9"}))

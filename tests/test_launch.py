@@ -736,3 +736,17 @@ def test_an_attempt_counts_as_used_only_for_another_launchs_files(tmp_path):
         (attempt.dir / evidence).unlink()
     (attempt.dir / ".rank_0.json.x.tmp").write_text("")  # any other file is another launch's
     assert attempt.used()
+
+
+def test_one_node_meets_on_loopback_or_on_the_address_given():
+    """Issue 56 item 11: torchrun --standalone advertised the node's hostname (one that does not resolve
+    hung the ranks); one node now meets on 127.0.0.1, torchrun still binding its own port, and a user's
+    MASTER_ADDR (or --master-addr) is honoured on one node too."""
+    r = rendezvous(args_for(), {})
+    assert r.torchrun_flags() == ["--standalone", "--local-addr", "127.0.0.1"]
+    one_node_job = {"SLURM_JOB_ID": "1234", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "gpu07"}
+    assert rendezvous(args_for(), one_node_job).torchrun_flags()[-1] == "127.0.0.1"
+    assert rendezvous(args_for(), {"MASTER_ADDR": "10.1.2.3"}).torchrun_flags() == [
+        "--standalone", "--local-addr", "10.1.2.3"
+    ]  # fmt: skip
+    assert rendezvous(args_for("--master-addr", "h1"), {}).torchrun_flags()[-1] == "h1"

@@ -5,6 +5,7 @@ The real simulator runs in tests/test_sim_libero.py (heavy)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -245,3 +246,49 @@ def test_a_damaged_episode_record_or_settings_file_is_named_with_its_fix(tmp_pat
     (tmp_path / "settings.json").write_text("{")
     with pytest.raises(suites.UsageError, match="settings.json: unreadable"):
         check_settings(tmp_path, {"suite": "libero_goal"})
+
+
+def test_the_simulator_env_is_refused_on_a_platform_its_lock_has_no_wheels_for(tmp_path, monkeypatch):
+    """Issue 56 item 6: sim/libero/requirements.lock names one torch wheel (x86_64); an aarch64 node took an
+    x86 .sim/libero as ready and then failed naming EGL packages. Each way in refuses first, naming the
+    platform and what to do; sim/build.sh keys the env by platform and refuses too."""
+    import subprocess
+
+    from trainer.evaluation.sim.command import Options, run_libero
+    from trainer.launcher.errors import PreflightError
+    from trainer.launcher.inputs import inputs_check
+    from trainer.launcher.preflight import sim_platform_check
+    from trainer.sim import env
+
+    assert env.platforms("libero") == ("x86_64",)
+    lock = (env.REPO / "sim" / "libero" / "requirements.lock").read_text()
+    torch_entry = lock.split("\ntorch==", 1)[1].split("\n    #", 1)[0]
+    assert torch_entry.count("--hash=") == len(env.platforms("libero")), "a wheel added: list its platform"
+    env.check_platform("libero", "", "x86_64")
+    with pytest.raises(env.SimEnvError, match=r"aarch64.*x86_64.*do this"):
+        env.check_platform("libero", "do this", "aarch64")
+
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    with pytest.raises(env.SimEnvError, match="aarch64"):  # before the checkpoint is even looked for
+        run_libero(str(tmp_path / "no-run"), Options(), print)
+    from trainer.config import load_config
+
+    cfg = load_config("libero", cpu_scale=False)  # eval.sim libero: the launcher's evaluator
+    with pytest.raises(PreflightError, match=r"aarch64.*eval\.sim=none"):
+        sim_platform_check(cfg)
+    cfg.eval.sim = "none"
+    sim_platform_check(cfg)
+    recorded = load_config("libero", cpu_scale=True, overrides={"data.path": str(tmp_path / "data")})
+    with pytest.raises(PreflightError, match=r"aarch64.*data\.path"):  # the CPU scale's recording
+        inputs_check(recorded, None)
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uname").write_text("#!/bin/sh\necho aarch64\n")
+    (fake / "uname").chmod(0o755)
+    run = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "LINGBOT_SIM_HOME": str(tmp_path / "sim"),
+           "LINGBOT_BASE_PYTHON": str(tmp_path / "no-python")}  # fmt: skip
+    done = subprocess.run([str(env.REPO / "sim" / "build.sh"), "libero"], env=run, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and not done.stdout, (done.stdout, done.stderr)
+    assert "aarch64" in done.stderr and "x86_64" in done.stderr, done.stderr

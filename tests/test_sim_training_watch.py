@@ -224,7 +224,8 @@ def test_a_resumed_run_evaluates_again_what_was_abandoned_not_what_finished(tmp_
         _checkpoint(root, step)
     simrecords.write_record(root, {"step": 2, "status": "done", "success_rate": 0.5})
     simrecords.write_record(root, {"step": 4, "status": "abandoned", "reason": "a stop signal"})
-    simrecords.write_record(root, {"step": 6, "status": "failed"})
+    settings = simeval.evaluator_settings(_watcher(tmp_path).ev)  # bad input, with the settings of now
+    simrecords.write_record(root, {"step": 6, "status": "failed", "settings": settings})
     sim = _watcher(tmp_path)
     _drive(sim)
     records = simrecords.read_records(root)
@@ -250,3 +251,26 @@ def test_an_evaluation_with_errored_episodes_is_retried_and_bad_input_is_not(tmp
     _drive(_watcher(tmp_path))  # the next attempt
     records = simrecords.read_records(root)
     assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "failed"}
+
+
+def test_a_failed_evaluation_is_evaluated_again_once_its_settings_changed(tmp_path):
+    """Issue 56 item 5: bin/evaluate's exit 2 is final for the settings it failed with, which the record
+    keeps; a resume with other eval.sim_* values (the user's fix) evaluates that checkpoint again, and a
+    record from before the settings were kept counts as changed."""
+    root = tmp_path / "run" / "checkpoints"
+    _checkpoint(root, 2)
+    _checkpoint(root, 4)
+    (tmp_path / "exit-with").write_text("2")
+    _drive(_watcher(tmp_path))
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "failed", 4: "failed"}
+    assert records[2]["settings"]["eval.sim_tasks"] == "0"
+    simrecords.write_record(root, {**records[4], "settings": None})  # as written before settings were kept
+    (tmp_path / "exit-with").unlink()
+    _drive(_watcher(tmp_path))  # the same settings: step 2 stays failed; step 4's are unknown: again
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "failed", 4: "done"}
+    _drive(_watcher(tmp_path, "eval.sim_tasks=1"))  # the user changed the value it failed with
+    records = simrecords.read_records(root)
+    assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "done"}
+    assert records[2]["settings"]["eval.sim_tasks"] == "1"

@@ -18,6 +18,8 @@ Variables (each: what it does):
 - `LINGBOT_TEST_SIM_GOAL_AT=<step>`: a LIBERO simulator worker (trainer/evaluation/sim/worker.py), after
   the episode's env step `<step>`, puts the task's objects into its goal state through the simulator's own
   state API (trainer/sim/goal.py), so the next step's `done` is the simulator's own verdict.
+- `LINGBOT_TEST_RENDEZVOUS_S=<seconds>`: the launcher's limit for torchrun's rendezvous (no rank started
+  on this node) instead of trainer/launcher/rendezvous.py RENDEZVOUS_S (60 s).
 - `LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: the simulator worker running that episode aborts
   (`os.abort()`) at its first env step: a simulator crash, deterministically.
 
@@ -50,6 +52,12 @@ def pause(point: str, step: int, rank: int | None = None) -> None:
     write_json_atomic(pause_dir / "reached", record)
     while not (pause_dir / "release").exists():
         time.sleep(0.02)  # polling a file the test writes: the release is the synchronisation
+
+
+def rendezvous_s(default: float) -> float:
+    """`LINGBOT_TEST_RENDEZVOUS_S`: the launcher's rendezvous limit, else `default`."""
+    value = os.environ.get("LINGBOT_TEST_RENDEZVOUS_S")
+    return float(value) if value else default
 
 
 def sleep(point: str, step: int, rank: int) -> None:

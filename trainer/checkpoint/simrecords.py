@@ -13,7 +13,8 @@
     RUN_DIR/evaluation/sim.json                      {"evaluations": {"<step>": record}}, one writer (the
                                                      launcher, trainer/launcher/simeval.py)
 
-A record: {step, status, success_rate, episodes, successes, results, seconds, started, finished, reason};
+A record: {step, status, success_rate, episodes, successes, results, seconds, started, finished, reason,
+settings (the eval.sim_* values it ran with: simeval.py evaluator_settings)};
 status is `done` (results.json complete, every asked episode ran), `failed` (the evaluator exited
 non-zero), `abandoned` (stopped by a stop signal, the end-of-run bound, or its checkpoint vanished), or
 `skipped` (its checkpoint was pruned by checkpoint.keep before its turn). Only `done` records carry a

@@ -4,6 +4,8 @@ Rule(allowed, ok, bad)   ok(value, cfg) says whether the value is allowed; `allo
                          says; `bad` is a --set value that breaks the rule (tests/test_config_rules.py
                          walks every one). ok=None: the field's type alone judges it (a bool).
 Free(why)                no value is judgeable without data or weights; `why` says where it is judged
+Because(reason)          raised by an `ok` that asks another module's own check (the simulator's): the
+                         line adds that check's reason after what is allowed
 BOOL, POSITIVE, NON_NEGATIVE, FRACTION, _one_of(*names)    the rules many fields share
 """
 
@@ -28,6 +30,10 @@ class Rule:
 @dataclass(frozen=True)
 class Free:
     why: str
+
+
+class Because(ValueError):
+    """A broken rule, with the reason another module's own check gave (added to the rule's line)."""
 
 
 def _finite(v: Any) -> bool:
@@ -71,15 +77,18 @@ def judged(key: str, rule: Rule, cfg: RunConfig, sources: dict[str, str] | None)
     if rule.ok is None:
         return None
     value = value_of(cfg, key)
+    reason = ""
     try:
         ok = rule.ok(value, cfg)
+    except Because as exc:
+        ok, reason = False, f": {exc}"
     except (TypeError, ValueError, ZeroDivisionError):
         ok = False
     if ok:
         return None
     default = "the default" if sources is not None else f"config {cfg.name!r}"
     where = (sources or {}).get(key, default)
-    line = f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}"
+    line = f"{where}: {key}={value!r} is not allowed: {key} must be {rule.allowed}{reason}"
     if rule.related:  # e.g. --set model.heads=5 breaks model.dim's rule: say so, and name it first
         named = (f"{k}={value_of(cfg, k)!r} from {(sources or {}).get(k, default)}" for k in rule.related)
         line += " (with " + ", ".join(named) + ")"

@@ -36,6 +36,8 @@ from trainer.config.rulekinds import (
     value_of,
 )
 from trainer.config.schema import ConfigError, RunConfig
+from trainer.config.simrules import sim_ok, sim_tasks_ok
+from trainer.sim import suites  # LIBERO's suites (stdlib only: no torch)
 
 __all__ = ["Free", "Rule", "RULES", "check", "value_of", "violations"]
 
@@ -50,8 +52,6 @@ ENCODERS = ("patch_mean", "wan_vae")
 NORMALIZE = ("fit", "fixed", "quantile", "mean_std")
 # checkpoint.best_by: the held-out metric (trainer/loop/validate.py) that picks the best checkpoint, or none
 BEST_BY = ("val_action_loss", "val_latent_loss", "val_loss", "none")
-# eval.sim_suite: LIBERO's suites (trainer/sim/suites.py SUITES; not imported: no torch here)
-SIM_SUITES = ("libero_10", "libero_spatial", "libero_object", "libero_goal")
 
 
 def ac_value_ok(value) -> bool:
@@ -95,9 +95,6 @@ def _betas_ok(v: list[float], c: Any) -> bool:
     return len(v) == 2 and all(0 <= b < 1 for b in v)
 
 
-_TASKS = (
-    r"all|\d+(-\d+)?(,\d+(-\d+)?)*"  # eval.sim_tasks (bin/evaluate --tasks; the suite's size is judged there)
-)
 _PATHS = "a path: judged where it is read (the preflight or the data preparation), not here"
 
 RULES: dict[str, Rule | Free] = {
@@ -288,17 +285,22 @@ RULES: dict[str, Rule | Free] = {
     "checkpoint.validate": BOOL,
     "checkpoint.best_by": _one_of(*BEST_BY),
     # eval (the simulator evaluation during training: trainer/launcher/simeval.py)
-    "eval.sim": _one_of("none", "libero"),
+    "eval.sim": Rule(
+        "one of none, libero (libero: a run LIBERO's client loop drives: trainer/sim/suites.py check_served)",
+        sim_ok,
+        "nope",
+    ),
     "eval.sim_every": Rule(
         "> 0 and, with eval.sim set, a multiple of checkpoint.every (only saved steps can be evaluated)",
         lambda v, c: v > 0 and (c.eval.sim == "none" or v % c.checkpoint.every == 0),
         "0",
     ),
-    "eval.sim_suite": _one_of(*SIM_SUITES),
+    "eval.sim_suite": _one_of(*suites.SUITES),
     "eval.sim_tasks": Rule(
-        "all, or task numbers and ranges such as 0-2,5",
-        lambda v, c: re.fullmatch(_TASKS, str(v)) is not None,
+        "all, or task numbers and ranges such as 0-2,5 within eval.sim_suite's tasks",
+        sim_tasks_ok,
         "x",
+        ("eval.sim_suite",),
     ),
     "eval.sim_episodes": POSITIVE,
     "eval.sim_max_steps": POSITIVE,

@@ -90,6 +90,7 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
         )
     _writable_or_makeable(cfg, root)  # the ranks write episodes there: said now, not as their traceback
     if records_libero(cfg, root):
+        _can_record(cfg, root)
         return (
             f"data: no LeRobot dataset at {root}: the ranks record {cfg.data.generated_episodes} scripted "
             f"episode(s) of {cfg.data.generated_length} steps there in LIBERO's simulator (a stand-in, "
@@ -223,3 +224,18 @@ def _weights_notes(cfg: RunConfig) -> list[str]:
     return [f"weights: {folder} holds every tensor of the model, by name and shape"] + (
         [f"weights: ignored as the reference does: {', '.join(ignored)}"] if ignored else []
     )
+
+
+def _can_record(cfg: RunConfig, root: Path) -> None:
+    """The CPU scale's LIBERO recording needs the simulator env here (trainer/sim/env.py check_platform)."""
+    from trainer.sim.env import SimEnvError, check_platform
+
+    try:
+        check_platform(
+            "libero",
+            f"point data.path at a LeRobot LIBERO dataset, or record one at {root} on such a node first",
+        )
+    except SimEnvError as exc:
+        raise PreflightError(
+            f"data.path={cfg.data.path}: no dataset at {root} to train on, and {exc}"
+        ) from None

@@ -63,7 +63,7 @@ from trainer.launcher.errors import PreflightError, StopBeforeStart
 from trainer.launcher.inputs import inputs_check
 from trainer.launcher.ownership import claim_run_dir
 from trainer.launcher.plancmd import show_plan
-from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, space_check
+from trainer.launcher.preflight import check_run_dir, env_checks, plan_check, sim_platform_check, space_check
 from trainer.launcher.rendezvous import bad_int_variable, rendezvous
 from trainer.launcher.resolved import Known, Launch
 from trainer.launcher.summaries import (
@@ -282,6 +282,7 @@ def _preflight(
         for note in env_checks(choice, env, run_dir):  # a recorded pass on this node: preflight.py
             say(note)
     if rdzv.node_rank == 0:
+        sim_platform_check(cfg)  # the evaluator's simulator env (eval.sim) runs on node 0
         for note in space_check(run_dir, cfg, world_size):
             say(note)
     if gpus and not cpu_scale:
@@ -333,6 +334,7 @@ def _run(
     detector = stall.StallDetector(launch.cfg.hang, attempt, rdzv.node_rank, launch.world_size, policy)
     log = attempt.output_log(rdzv.node_rank)
     torchrun = supervise.Torchrun(command, launch.env, attempt, detector, log=log)
+    torchrun.meeting = rdzv  # no rank within a minute: said with its likely cause (one node: failed)
     torchrun.sidecar = simeval.SimEval.start(
         launch, attempt
     )  # eval.sim: checkpoints evaluated beside the ranks

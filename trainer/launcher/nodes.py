@@ -102,6 +102,8 @@ def _own_verdict(launch: Launch, nproc: int, attempt: Attempt, torchrun: Any, rc
             reason=f"received {torchrun.stopped_before_ranks} while torchrun {waiting}: no rank started, "
             "nothing was trained",
         )
+    if getattr(torchrun, "no_rendezvous", None):  # one node's rendezvous never completed (supervise.py)
+        return Verdict(FAILED, reason=torchrun.no_rendezvous)
     if getattr(torchrun, "lingered", None):  # every rank completed; torchrun did not exit (stall.py)
         return Verdict(COMPLETED, notes=[torchrun.lingered])
     if getattr(torchrun, "hung", None) is not None:  # the stall detector ended the attempt (stall.py)

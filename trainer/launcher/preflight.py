@@ -231,6 +231,23 @@ def env_checks(choice: EnvChoice, env: dict[str, str], run_dir: Path | None = No
     return notes
 
 
+def sim_platform_check(cfg: RunConfig) -> None:
+    """eval.sim: the launcher's evaluator needs the simulator env on this node (node 0): PreflightError on a
+    platform its locks have no wheels for (trainer/sim/env.py check_platform), not an evaluation per step
+    that fails to build it."""
+    if cfg.eval.sim == "none":
+        return
+    from trainer.sim.env import SimEnvError, check_platform
+
+    try:
+        check_platform(
+            cfg.eval.sim,
+            "set eval.sim=none, and run bin/evaluate RUN_DIR --sim libero on such a node after the run",
+        )
+    except SimEnvError as exc:
+        raise PreflightError(f"eval.sim={cfg.eval.sim}: {exc}") from None
+
+
 def space_check(run_dir: Path, cfg: RunConfig, world_size: int) -> list[str]:
     """The run dir's filesystem must hold checkpoint.keep + 1 checkpoints (keep, plus the one being
     written), and one more when the best held-out checkpoint is pinned (checkpoint.best_by with

@@ -25,7 +25,9 @@ sim, and summary.json's `sim` (write_final_summary).
 Stops: a stop request (the attempt's stop file: SIGTERM, SIGUSR1, Ctrl-C to the launcher) abandons the
 running evaluation at once (SIGINT to its session, SIGKILL after ABANDON_GRACE_S; what finished stays in
 OUT, results.json is only ever written whole by bin/evaluate) and records it `abandoned`; the next attempt
-evaluates that checkpoint again (bin/evaluate continues its episodes). At the end of a completed run the
+evaluates that checkpoint again (bin/evaluate continues its episodes). A `failed` one (bin/evaluate exited
+2: bad input) keeps the eval.sim_* values it ran with (evaluator_settings); a later attempt whose values
+differ (the user fixed one) evaluates it again, and says so. At the end of a completed run the
 launcher says which evaluations are left and waits for them up to eval.sim_wait_s, then abandons the rest;
 a failed, preempted or hung run abandons them at once.
 """
@@ -79,6 +81,21 @@ def evaluator_command(python: str, checkpoint: Path, ev: Any, out: Path) -> list
     return argv
 
 
+SETTINGS = ("sim", "sim_suite", "sim_tasks", "sim_episodes", "sim_max_steps", "sim_workers", "sim_device")
+
+
+def evaluator_settings(ev: Any) -> dict[str, Any]:
+    """The eval.* values evaluator_command passes: a `failed` record keeps them (bin/evaluate's exit 2 is
+    final for them alone; a resume with any of them changed evaluates that checkpoint again)."""
+    return {f"eval.{name}": getattr(ev, name) for name in SETTINGS}
+
+
+def _changed(had: Any, now: dict[str, Any]) -> str:
+    if not isinstance(had, dict):
+        return "settings it did not record (an earlier version)"
+    return ", ".join(f"{k}={had.get(k)!r} (now {v!r})" for k, v in now.items() if had.get(k) != v)
+
+
 def evaluator_env(env: dict[str, str], device: str) -> dict[str, str]:
     child = dict(env)
     if device == "cpu":
@@ -108,7 +125,12 @@ class SimEval:
         self.run_dir, self.root = Path(run_dir), Path(run_dir) / "checkpoints"
         self.python, self.env, self.stop_file = python, env, stop_file
         records = simrecords.read_records(self.root)
-        self.seen = {step for step, r in records.items() if r.get("status") in FINAL}
+        now = evaluator_settings(self.ev)
+        again = {step: r for step, r in records.items() if r.get("status") == simrecords.FAILED
+                 and r.get("settings") != now}  # fmt: skip
+        for step, r in sorted(again.items()):
+            say(f"sim: step {step} failed with {_changed(r.get('settings'), now)}: evaluated again")
+        self.seen = {step for step, r in records.items() if r.get("status") in FINAL and step not in again}
         complete = scan(self.root)[0]
         self.floor = complete[-1].step if complete else 0  # later due steps the watcher must see or record
         self.queue: list[int] = []
@@ -221,8 +243,9 @@ class SimEval:
             self._record(
                 run.step, simrecords.ABANDONED, run, None, "its checkpoint was removed while evaluated"
             )
-        elif rc == 2:  # bad input: the same command fails the same way, never retried
-            self._record(run.step, simrecords.FAILED, run, None, f"bin/evaluate exited 2 (log {run.log})")
+        elif rc == 2:  # bad input: the same command fails the same way; retried once its settings change
+            why = f"bin/evaluate exited 2 (log {run.log}); evaluated again once an eval.sim_* value changes"
+            self._record(run.step, simrecords.FAILED, run, None, why)
         else:  # errored episodes, a simulator env that did not build: the next attempt retries (it resumes)
             why = f"bin/evaluate exited {rc} (log {run.log}); the next attempt evaluates it again"
             self._record(run.step, simrecords.ABANDONED, run, None, why)
@@ -258,6 +281,7 @@ class SimEval:
                 reason: str | None = None) -> None:  # fmt: skip
         started, code, log = (run.started, run.proc.returncode, run.log) if run else (None, None, None)
         record = simresults.make_record(step, status, started, result, reason, code, log)
+        record["settings"] = evaluator_settings(self.ev)
         self.publisher.publish(record)  # the record first, then the pin goes: pruning sees one of them
         simrecords.unpin(self.root, step)
 

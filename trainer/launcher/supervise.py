@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from types import FrameType
@@ -106,6 +107,11 @@ class Torchrun:
         self.killed_note: str | None = None  # set when torchrun itself was killed (see wait)
         self.stopped_before_ranks: str | None = None  # the signal that ended torchrun before any rank ran
         self.sidecar: Any = None  # simeval.SimEval (eval.sim): halted, and its processes spared, at the end
+        self.meeting: Any = None  # rendezvous.Rendezvous: watched until a rank starts (_check_meeting)
+        self.met = False  # a rank started on this node (or recorded itself): the rendezvous is over
+        self.no_rendezvous: str | None = None  # the line, when one node's rendezvous never completed
+        self._meeting_said = False
+        self._started = time.monotonic()
         for sig in FORWARDED_SIGNALS:  # before Popen: from here on a signal is a stop request
             signal.signal(sig, self.request_stop)
         self.subreaper = _prctl(PR_SET_CHILD_SUBREAPER, 1) == 0  # orphaned ranks come back to us
@@ -209,10 +215,12 @@ class Torchrun:
         while True:
             try:
                 watching = self.detector and not self.hung and not self.lingered
-                return self.proc.wait(timeout=POLL_S if watching else None)
+                meeting = self.meeting is not None and not self.met and not self._meeting_said
+                return self.proc.wait(timeout=POLL_S if watching or meeting else None)
             except subprocess.TimeoutExpired:
                 pass
-            assert self.detector is not None
+            if self._check_meeting() or self.detector is None:
+                continue
             hung = self.detector.check(self.proc.pid)
             if isinstance(hung, str):  # every rank completed; torchrun lingers: end it, the work is done
                 self.lingered, self.quiet = hung, True
@@ -226,6 +234,29 @@ class Torchrun:
                 say(f"stacks of every rank: {files}")
                 kill_tree(self.proc.pid)
 
+    def _check_meeting(self) -> bool:
+        """Until a rank starts here: past the rendezvous limit, say why in one line (once); on one node end
+        torchrun (the verdict: failed, with that line). True when it ended torchrun."""
+        from trainer.launcher.rendezvous import overdue, rendezvous_limit
+
+        if self.meeting is None or self.met or self._meeting_said or self.proc is None:
+            return False
+        if self.rank_pids() or any(self.attempt.dir.glob("rank_*.json")):
+            self.met = True
+            return False
+        waited = time.monotonic() - self._started
+        if waited < rendezvous_limit():
+            return False
+        self._meeting_said = True
+        line = overdue(self.meeting, waited)
+        if self.meeting.nnodes > 1:  # another node may start late: torchrun's join timeout decides
+            say(f"{line}; waiting on (torchrun's join timeout decides)")
+            return False
+        say(f"{line}; ending the attempt")
+        self.no_rendezvous, self.quiet = line, True
+        kill_tree(self.proc.pid)
+        return True
+
     def wait(self) -> int:
         assert self.proc is not None
         rc = self._watch()
@@ -235,7 +266,8 @@ class Torchrun:
         for sig in FORWARDED_SIGNALS:  # the ranks are gone: what is left is writing the summary
             signal.signal(sig, _too_late)
         self._pump.join(timeout=10)
-        if rc < 0 and not self.stopped_before_ranks and not self.hung and not self.lingered:
+        ended = self.stopped_before_ranks or self.hung or self.lingered or self.no_rendezvous
+        if rc < 0 and not ended:
             how = _signal_name(-rc)
             self.killed_note = (
                 f"torchrun (pid {self.proc.pid}) was killed by {how} while its ranks ran"

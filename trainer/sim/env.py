@@ -1,18 +1,21 @@
 """The LIBERO simulator environment on this node: built on first use, its GL backend chosen and said.
 
-    python = ensure_env("libero", say)      # sim/build.sh libero: .sim/libero built (or waited for) once
-                                            # ($LINGBOT_SIM_HOME/libero-<hash> when that is set)
+    check_platform("libero", fix)           # SimEnvError on a platform the locks have no wheels for
+    python = ensure_env("libero", say)      # sim/build.sh libero: .sim/libero-<machine> built (or waited
+                                            # for) once ($LINGBOT_SIM_HOME/libero-<machine>-<hash> if set)
     gl = choose_gl(python, say)             # "egl", else "osmesa"; SimEnvError naming the package if neither
     env = worker_env(python, gl)            # the environment a worker process runs with
 
-ensure_env runs sim/build.sh (a flock'd build with a ready-marker keyed by the locks' hash, as
-bin/_tool_env.sh builds .venv; see that script for what is built and checked); it returns at once when
-the prefix is ready. The GL probe runs in the simulator env, in a subprocess per backend: mujoco's own
-`GLContext(64, 64)` made current, what robosuite's offscreen renderer does first. EGL is tried first (a
-GPU node's driver, or Mesa's llvmpipe through libegl1 + libgl1-mesa-dri on a CPU node), then OSMesa
-(libosmesa6). The choice is made per node (a login node and a worker may differ) and said in one line.
-worker_env sets MUJOCO_GL and PYOPENGL_PLATFORM to it, LIBERO_CONFIG_PATH to the config sim/build.sh
-wrote (so `import libero.libero` never prompts), and PYTHONPATH to this repository.
+check_platform reads sim/<name>/platforms (the machines the locks have wheels for: x86_64); bin/train's
+preflight (eval.sim, the CPU scale's recorded dataset) and bin/evaluate --sim ask it before anything else.
+ensure_env runs sim/build.sh (a flock'd build with a ready-marker keyed by the locks' hash and the
+platform, as bin/_tool_env.sh builds .venv; see that script for what is built and checked); it returns at
+once when the prefix is ready. The GL probe runs in the simulator env, in a subprocess per backend:
+mujoco's own `GLContext(64, 64)` made current, what robosuite's offscreen renderer does first. EGL is
+tried first (a GPU node's driver, or Mesa's llvmpipe through libegl1 + libgl1-mesa-dri on a CPU node),
+then OSMesa (libosmesa6). The choice is made per node (a login node and a worker may differ) and said in
+one line. worker_env sets MUJOCO_GL and PYOPENGL_PLATFORM to it, LIBERO_CONFIG_PATH to the config
+sim/build.sh wrote (so `import libero.libero` never prompts), and PYTHONPATH to this repository.
 """
 
 from __future__ import annotations
@@ -39,8 +42,31 @@ def home() -> Path:
     return Path(os.environ.get("LINGBOT_SIM_HOME") or REPO / ".sim")
 
 
+def platforms(name: str) -> tuple[str, ...]:
+    """The machines (`uname -m`) sim/<name>'s locks have wheels for: sim/<name>/platforms (sim/build.sh reads
+    the same file, and refuses any other)."""
+    text = (REPO / "sim" / name / "platforms").read_text()
+    return tuple(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def check_platform(name: str, fix: str, machine: str | None = None) -> None:
+    """SimEnvError unless this node's platform (`machine`: platform.machine() unless given) is one the
+    locks have wheels for; the line names it, the ones that are, and `fix` (what the caller can do)."""
+    import platform
+
+    machine = machine or platform.machine()
+    known = platforms(name)
+    if machine not in known:
+        raise SimEnvError(
+            f"this node is {machine}: the {name} simulator env's locks have wheels for {', '.join(known)} "
+            f"only (sim/{name}/platforms: torch's CPU wheel)"
+            + (f"; {fix}" if fix else f"; run the simulator on a {' or '.join(known)} node")
+        )
+
+
 def ensure_env(name: str, say: Callable[[str], None]) -> Path:
     """The simulator env's python, building it first when it is missing or stale (stderr passes through)."""
+    check_platform(name, "")
     proc = subprocess.run([str(REPO / "sim" / "build.sh"), name], stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SimEnvError(

@@ -3,7 +3,9 @@
     run_libero(target, Options(suite="libero_10", tasks=None, episodes=50, max_steps=800, workers=None,
                cameras=(), ...), say) -> (result, exit code)
 
-In order, so that bad input is refused before any simulator is built (UsageError, one line, exit 2):
+First, a node whose platform the simulator env has no wheels for is refused (SimEnvError, exit 1: env.py
+check_platform). In order, so that bad input is refused before any simulator is built (UsageError, one
+line, exit 2):
 the suite, the task list and the counts (suites.py); the checkpoint loaded as bin/serve loads it
 (session.py `load_served`: the best checkpoint of a RUN_DIR, else its newest complete one) with the
 --camera map; whether LIBERO's loop can drive it (7 action channels, N % 4 == 0, its camera keys);
@@ -174,6 +176,9 @@ class Serving:
 
 
 def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
+    from trainer.sim.env import check_platform
+
+    check_platform("libero", "evaluate this checkpoint on such a node (copy the run folder there)")
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
