@@ -245,3 +245,27 @@ def test_a_damaged_episode_record_or_settings_file_is_named_with_its_fix(tmp_pat
     (tmp_path / "settings.json").write_text("{")
     with pytest.raises(suites.UsageError, match="settings.json: unreadable"):
         check_settings(tmp_path, {"suite": "libero_goal"})
+
+
+def test_a_second_writer_is_refused_before_the_model_loads(tmp_path):
+    """Issue 56 item 8: the output folder is taken before the checkpoint is loaded, so a second writer is
+    refused at once (it was refused only after a full model load; here the target does not even exist, and
+    the old order said so instead); a refused bad input leaves no folder behind."""
+    import os
+
+    from trainer.evaluation.sim.command import Options, hold_output, run_libero
+    from trainer.sampling.load import TargetError
+    from trainer.sim.env import SimEnvError
+
+    out = tmp_path / "evaluation" / "libero" / "libero_goal"
+    opts = Options(suite="libero_goal", tasks="0", episodes=1, out=str(out))
+    held = hold_output(out)
+    try:
+        with pytest.raises(SimEnvError, match="another bin/evaluate --sim is writing there now"):
+            run_libero(str(tmp_path / "no-such-run"), opts, print)
+    finally:
+        os.close(held)
+    fresh = tmp_path / "fresh" / "libero_goal"
+    with pytest.raises(TargetError, match="no such directory"):
+        run_libero(str(tmp_path / "no-such-run"), Options(suite="libero_goal", out=str(fresh)), print)
+    assert not (tmp_path / "fresh").exists()

@@ -177,9 +177,21 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
-    served, checkpoint, out = load(target, opts, say)
-    writer = hold_output(out)
+    out = Path(opts.out)
+    made = [d for d in (out, *out.parents) if not d.exists()]  # what hold_output makes: undone on bad input
+    writer = hold_output(out)  # before the model's load: a second writer is refused at once, not after it
     try:
+        try:
+            served, checkpoint, out = load(target, opts, say)
+        except BaseException:
+            if made:
+                (out / ".writer.lock").unlink(missing_ok=True)
+            for folder in made:  # innermost first; only the empty folders this command made
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise
         return _run(served, checkpoint, out, tasks, opts, say)
     finally:
         os.close(writer)
