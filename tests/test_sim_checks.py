@@ -5,6 +5,7 @@ The real simulator runs in tests/test_sim_libero.py (heavy)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -269,3 +270,54 @@ def test_a_second_writer_is_refused_before_the_model_loads(tmp_path):
     with pytest.raises(TargetError, match="no such directory"):
         run_libero(str(tmp_path / "no-such-run"), Options(suite="libero_goal", out=str(fresh)), print)
     assert not (tmp_path / "fresh").exists()
+
+
+def _fake_checkpoint(root: Path, step: int) -> Path:
+    path = root / f"checkpoint_step_{step}"
+    path.mkdir(parents=True)
+    (path / "train_state.json").write_text(json.dumps({"step": step}))
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / "COMPLETE").write_text(json.dumps({"step": step, "files": files}))
+    return path
+
+
+def test_the_target_is_resolved_once_and_the_folders_checkpoint_is_the_one_loaded(tmp_path, monkeypatch):
+    """Issue 56 item 3: `best` moves (a run in training) right after bin/evaluate --sim resolved RUN_DIR:
+    the checkpoint loaded is still the one the output folder is named after (it was resolved again in
+    load_served, and one checkpoint's episodes landed in another's folder). The load is stopped there."""
+    import trainer.sampling.load as loading
+    from trainer.evaluation.cli import run_sim
+
+    run = tmp_path / "run"
+    first = _fake_checkpoint(run / "checkpoints", 5)
+    _fake_checkpoint(run / "checkpoints", 7)
+    (run / "checkpoints" / "best").symlink_to("checkpoint_step_5")
+    real = loading.resolve_target
+    calls = []
+
+    def resolve_then_best_moves(target, verify=True):
+        found = real(target, verify)
+        calls.append(found)
+        if len(calls) == 1:  # rank 0 points best at a newer checkpoint now
+            os.replace(_relink(run / "checkpoints", "checkpoint_step_7"), run / "checkpoints" / "best")
+        return found
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(target, cfg, full_scale=False, say=print, resolved=None, sources=None):
+        raise Loaded((resolved or real(target))[1])
+
+    monkeypatch.setattr(loading, "resolve_target", resolve_then_best_moves)
+    monkeypatch.setattr(loading, "load_model", load_model)
+    with pytest.raises(Loaded) as loaded:
+        run_sim(str(run), "1", "libero_goal", "0", 800, 1, (), "libero", True, (), 0, "cpu", None)
+    assert loaded.value.args[0].resolve() == first.resolve()
+    assert calls[0] == ("checkpoint", first)
+    assert not (run / "evaluation").exists()  # the refused command left no folder
+
+
+def _relink(folder: Path, name: str) -> Path:
+    tmp = folder / ".best.tmp"
+    tmp.symlink_to(name)
+    return tmp

@@ -37,6 +37,7 @@ inputs, same actions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -126,8 +127,12 @@ class Served:
 
 
 def load_served(
-    target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
-) -> Served:
+    target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say,
+    resolved: tuple[str, Path] | None = None,
+) -> Served:  # fmt: skip
+    """The model and what serving it needs. TARGET is resolved once (`resolved`: as the caller already
+    resolved it, the checkpoint its outputs are named after): the weights loaded and the statistics checked
+    are that checkpoint's, even if RUN_DIR/checkpoints/best moves meanwhile (a run in training)."""
     from trainer.config import parse_set, resolve_config
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
@@ -137,19 +142,19 @@ def load_served(
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
     base, sources = resolve_config(config, cpu_scale, parse_set(list(sets)))
+    kind, path = resolved = resolved or resolve_target(target)
     model, cfg, what = load_model(
-        target, base, not cpu_scale, lambda line: say(f"serve: {line}"), None, sources
+        target, base, not cpu_scale, lambda line: say(f"serve: {line}"), resolved, sources
     )
     if sets:
-        cfg = apply_sets(
-            cfg, list(sets), what, checkpoint=resolve_target(target, verify=False)[0] == "checkpoint"
-        )
+        cfg = apply_sets(cfg, list(sets), what, checkpoint=kind == "checkpoint")
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
     announced = tuple(stand_ins(video, text))
     data = serving_inputs(cfg, text)
-    check_trained_stats(target, data.normalizer, data.latent_stats, data.source, lambda x: say(f"serve: {x}"))
+    loaded = str(path) if kind == "checkpoint" else target  # the checkpoint loaded, not what best is now
+    check_trained_stats(loaded, data.normalizer, data.latent_stats, data.source, lambda x: say(f"serve: {x}"))
     say(f"serve: action statistics, empty prompt and latent grid from {data.source}")
     spec = Spec(tuple(cfg.data.cameras), len(data.slots), cfg.infer.frames_per_chunk, model.apf)
     return Served(

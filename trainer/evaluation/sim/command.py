@@ -130,12 +130,15 @@ def check_settings(out: Path, want: dict) -> None:
     write_json_atomic(path, want)
 
 
-def load(target: str, opts: Options, say: Callable[[str], None]):
-    """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet."""
+def load(target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None):
+    """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet. `resolved`: TARGET as
+    the caller resolved it (the checkpoint OUT is named after), loaded as it is even if `best` moved since."""
     from trainer.serving.protocol import parse_aliases
     from trainer.serving.session import load_served
 
-    served = load_served(target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say)
+    served = load_served(
+        target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say, resolved
+    )
     try:
         aliases = parse_aliases(opts.cameras, served.spec.cameras)
     except ValueError as exc:
@@ -173,7 +176,9 @@ class Serving:
         self.log.close()
 
 
-def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
+def run_libero(
+    target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None
+) -> tuple[dict, int]:
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
@@ -182,7 +187,7 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
     writer = hold_output(out)  # before the model's load: a second writer is refused at once, not after it
     try:
         try:
-            served, checkpoint, out = load(target, opts, say)
+            served, checkpoint, out = load(target, opts, say, resolved)
         except BaseException:
             if made:
                 (out / ".writer.lock").unlink(missing_ok=True)
