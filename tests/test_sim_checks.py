@@ -321,3 +321,31 @@ def _relink(folder: Path, name: str) -> Path:
     tmp = folder / ".best.tmp"
     tmp.symlink_to(name)
     return tmp
+
+
+def test_a_relative_and_an_absolute_target_are_one_checkpoint_in_settings(tmp_path, monkeypatch):
+    """Issue 56 item 2: settings.json names the checkpoint by its resolved path: `runs/x` typed by a user
+    and the absolute path the launcher passes continue the same episodes (each refused the other, exit 2,
+    and the launcher's FAILED was final). load_served is stood in for (what it returns as the real one
+    would name the checkpoint: as typed); what is tested is what the command stores."""
+    import types
+
+    import trainer.serving.session as session
+    from trainer.evaluation.sim.command import Options, check_settings, load, settings_of
+    from trainer.sampling.load import resolve_target
+    from trainer.sim.suites import CAMERAS
+
+    _fake_checkpoint(tmp_path / "runs" / "x" / "checkpoints", 4)
+    spec = Spec(tuple(CAMERAS), 7, 2, 4)
+
+    def load_served(target, config, cpu_scale, sets, device, seed, say, resolved=None):
+        return types.SimpleNamespace(what=f"checkpoint {(resolved or resolve_target(target))[1]}", spec=spec)
+
+    monkeypatch.setattr(session, "load_served", load_served)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "x" / "evaluation" / "checkpoint_step_4" / "libero" / "libero_goal"
+    opts = Options(suite="libero_goal", out=str(out))
+    for target in ("runs/x", str(tmp_path / "runs" / "x"), "runs/x/checkpoints/checkpoint_step_4"):
+        _, checkpoint, _ = load(target, opts, print)
+        assert checkpoint == str(tmp_path / "runs" / "x" / "checkpoints" / "checkpoint_step_4")
+        check_settings(out, settings_of(opts, checkpoint, "cpu"))  # the same settings: no refusal

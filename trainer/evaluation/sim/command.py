@@ -133,9 +133,11 @@ def check_settings(out: Path, want: dict) -> None:
 def load(target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None):
     """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet. `resolved`: TARGET as
     the caller resolved it (the checkpoint OUT is named after), loaded as it is even if `best` moved since."""
+    from trainer.sampling.load import resolve_target
     from trainer.serving.protocol import parse_aliases
     from trainer.serving.session import load_served
 
+    kind, path = resolved = resolved or resolve_target(target)
     served = load_served(
         target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say, resolved
     )
@@ -145,7 +147,10 @@ def load(target: str, opts: Options, say: Callable[[str], None], resolved: tuple
         raise suites.UsageError(str(exc)) from None
     served.spec = dataclasses.replace(served.spec, aliases=aliases)
     suites.check_served(served.spec, target)
-    return served, served.what.removeprefix("checkpoint "), Path(opts.out)
+    # the checkpoint by its resolved path (settings.json, results.json): `runs/x` and its absolute path, as
+    # the launcher passes it, are one checkpoint and one output folder (each refused the other, exit 2)
+    name = str(path.resolve()) if kind == "checkpoint" else f"reference-layout weights {path.resolve()}"
+    return served, name, Path(opts.out)
 
 
 class Serving:
