@@ -348,4 +348,43 @@ def test_a_relative_and_an_absolute_target_are_one_checkpoint_in_settings(tmp_pa
     for target in ("runs/x", str(tmp_path / "runs" / "x"), "runs/x/checkpoints/checkpoint_step_4"):
         _, checkpoint, _ = load(target, opts, print)
         assert checkpoint == str(tmp_path / "runs" / "x" / "checkpoints" / "checkpoint_step_4")
-        check_settings(out, settings_of(opts, checkpoint, "cpu"))  # the same settings: no refusal
+        check_settings(out, settings_of(opts, checkpoint, "cpu", "libero 0"))  # the same settings: no refusal
+
+
+def test_the_simulator_envs_identity_is_build_shs_hash_and_a_rerun_on_another_is_refused(tmp_path):
+    """Issue 56 item 7: settings.json records the simulator env (the hash sim/build.sh keys its env with:
+    its own formula, read from build.sh and run by bash, is compared); a lock change gives another identity,
+    and a re-run in the same folder with another env is refused naming it (it mixed two simulators)."""
+    import shutil
+    import subprocess
+
+    from trainer.evaluation.sim.command import Options, check_settings, settings_of
+    from trainer.sim.env import REPO, env_identity
+
+    def build_sh_hash(repo: Path) -> str:
+        text = (REPO / "sim" / "build.sh").read_text()
+        start = text.index("want=$(")
+        formula = text[start : text.index("\n", text.index("sha256sum", start))]
+        script = f'repo="{repo}"; spec="$repo/sim/libero"; {formula}; echo "$want"'
+        return subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    assert env_identity("libero") == build_sh_hash(REPO)
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "sim", copy / "sim")
+    (copy / "trainer" / "sim").mkdir(parents=True)
+    shutil.copy(REPO / "trainer" / "sim" / "assets.py", copy / "trainer" / "sim" / "assets.py")
+    assert build_sh_hash(copy) == build_sh_hash(REPO)
+    with open(copy / "sim" / "libero" / "requirements.lock", "a") as lock:
+        lock.write("# re-locked\n")
+    assert build_sh_hash(copy) != build_sh_hash(REPO)  # the env a lock change builds is another one
+
+    opts = Options(suite="libero_goal")
+    out = tmp_path / "out"
+    check_settings(out, settings_of(opts, "/ckpt", "cpu", f"libero {build_sh_hash(copy)}"))
+    with pytest.raises(
+        suites.UsageError,
+        match=r"ran with sim_env 'libero [0-9a-f]{64}', not 'libero .*another simulator env",
+    ):
+        check_settings(out, settings_of(opts, "/ckpt", "cpu", f"libero {env_identity('libero')}"))

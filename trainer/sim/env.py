@@ -4,6 +4,7 @@
                                             # ($LINGBOT_SIM_HOME/libero-<hash> when that is set)
     gl = choose_gl(python, say)             # "egl", else "osmesa"; SimEnvError naming the package if neither
     env = worker_env(python, gl)            # the environment a worker process runs with
+    env_identity("libero")                  # the hash of its locks (sim/build.sh's), no build
 
 ensure_env runs sim/build.sh (a flock'd build with a ready-marker keyed by the locks' hash, as
 bin/_tool_env.sh builds .venv; see that script for what is built and checked); it returns at once when
@@ -49,6 +50,19 @@ def ensure_env(name: str, say: Callable[[str], None]) -> Path:
     python = Path(proc.stdout.strip().splitlines()[-1])
     say(f"evaluate: simulator env {python.parent.parent} (sim/{name}/*.lock)")
     return python
+
+
+def env_identity(name: str) -> str:
+    """The simulator env's identity: the sha256 sim/build.sh keys its ready-marker and its prefix with (its
+    lock files, the upstream manifests, build.sh and assets.py, concatenated in its glob order), computed
+    here without building anything. A re-run's episodes must come from an env of the same identity
+    (trainer/evaluation/sim/command.py settings_of)."""
+    import hashlib
+
+    spec = REPO / "sim" / name
+    files = [*sorted(spec.glob("*.lock")), *sorted(spec.glob("*-8f1084e.txt")), REPO / "sim" / "build.sh",
+             REPO / "trainer" / "sim" / "assets.py"]  # fmt: skip
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def worker_env(python: Path, gl: str) -> dict[str, str]:

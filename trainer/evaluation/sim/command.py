@@ -83,13 +83,13 @@ def default_workers() -> int:
     return max(1, cores - 1)
 
 
-def settings_of(opts: Options, checkpoint: str, device: str) -> dict:
+def settings_of(opts: Options, checkpoint: str, device: str, sim_env: str) -> dict:
     """What an episode's outcome depends on besides its task and number: must match to resume (the run
     config and its scale, which a reference-layout folder takes from --config; the device kind: fp32 on a
-    CPU, bf16 on a GPU)."""
+    CPU, bf16 on a GPU; the simulator env, by its locks' hash: env.py env_identity)."""
     return {"suite": opts.suite, "checkpoint": checkpoint, "max_steps": opts.max_steps, "seed": opts.seed,
             "sets": sorted(opts.sets), "cameras": sorted(opts.cameras), "config": opts.config,
-            "cpu_scale": opts.cpu_scale, "device": device}  # fmt: skip
+            "cpu_scale": opts.cpu_scale, "device": device, "sim_env": sim_env}  # fmt: skip
 
 
 def hold_output(out: Path) -> int:
@@ -122,9 +122,12 @@ def check_settings(out: Path, want: dict) -> None:
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             k = diff[0]
+            what = (
+                " (another simulator env: sim/libero's locks or manifests changed)" if k == "sim_env" else ""
+            )
             raise suites.UsageError(
-                f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}; use the same settings "
-                "to continue them, or another --plots-dir (or remove that folder)"
+                f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}{what}; use the same "
+                "settings to continue them, or another --plots-dir (or remove that folder)"
             )
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, want)
@@ -209,10 +212,10 @@ def run_libero(
 
 def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, say) -> tuple[dict, int]:
     from trainer.evaluation.sim.runner import Pool
-    from trainer.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.sim.env import choose_gl, ensure_env, env_identity, worker_env
 
     device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
-    check_settings(out, settings_of(opts, checkpoint, device))
+    check_settings(out, settings_of(opts, checkpoint, device, f"libero {env_identity('libero')}"))
     python = ensure_env("libero", say)
     gl = choose_gl(python, say)
     done = load_records(out, tasks, opts.episodes)
