@@ -254,3 +254,41 @@ def test_the_executed_actions_are_normalised_as_upstream_unclipped():
     assert torch.allclose(used[:, 0], torch.full((f * n,), 3.0), atol=1e-5)
     low, span = -1 + 1 / 7, 2.0
     assert torch.allclose(used[:, 1], torch.full((f * n,), 2 * (-5.0 - low) / span - 1), atol=1e-5)
+
+
+def test_a_non_finite_chunk_is_the_libero_episodes_failure_with_its_reason():
+    """Issue 56 item 1: the server's refusal of a non-finite chunk (a server error the client raises)
+    ends a LIBERO worker's episode as a failure with that reason (trainer/evaluation/sim/worker.py play:
+    upstream's loop on the worker's own client), not a worker crash; an episode the policy plays to the step
+    limit is a failure naming it (tests/test_sim_libero.py); another server error stays an error. A real
+    server (tiny model, its normaliser NaN) and the stand-in simulator with LIBERO's camera keys."""
+    from dataclasses import replace
+
+    from trainer.evaluation.loops import LIBERO_CAMERAS, LIBERO_SIZE
+    from trainer.evaluation.sim.worker import TimedClient, play
+    from trainer.evaluation.standin import StandInSim
+
+    served = _served()
+    served.spec = replace(served.spec, aliases=tuple(zip(LIBERO_CAMERAS, CAMS, strict=True)))
+    finite = served.normalizer
+    server = PolicyServer(served, Limits(None, 2, 1 << 22), lambda line: None)
+    bound = threading.Event()
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.run("127.0.0.1", 0, lambda p: bound.set(), False))
+    )
+    thread.start()
+    sim = StandInSim(dict.fromkeys(LIBERO_CAMERAS, LIBERO_SIZE), 8)
+    try:
+        assert bound.wait(60)
+        uri = f"ws://127.0.0.1:{server.port}"
+        served.normalizer = QuantileNormalizer(np.full(8, np.nan, np.float32), np.ones(8, np.float32))
+        success, chunks, reason = play(TimedClient(uri), sim, "pick it up", 40, 7)
+        assert (success, chunks) == (False, 0)
+        assert reason.startswith("the served actions were not finite: chunk 0 of episode 7"), reason
+        served.normalizer = finite
+        other = StandInSim(dict.fromkeys(("left", "right"), LIBERO_SIZE), 8)  # cameras it does not serve
+        with pytest.raises(ServerError, match="left"):
+            play(TimedClient(uri), other, "pick it up", 10, 7)
+    finally:
+        server.stop()
+        thread.join(60)

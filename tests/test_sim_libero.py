@@ -178,3 +178,55 @@ def test_the_simulator_env_builds_and_renders_a_scene_on_a_worker_without_compil
         result.stdout[-2000:] + result.stderr[-3000:]
     )
     print(result.stdout.strip().splitlines()[-1])  # the rendered image's spread, for the log
+
+
+PAST_THE_HORIZON = """
+import json
+import numpy as np
+from libero.libero import benchmark
+from trainer.evaluation.sim import worker
+
+class Zeros:  # stands in for PolicyClient: zero chunks of 3 latent frames x 4 actions
+    def infer(self, obs):
+        return {} if obs.get("reset") or obs.get("compute_kv_cache") else {"action": np.zeros((7, 3, 4))}
+
+client = worker.TimedClient.__new__(worker.TimedClient)
+client.client, client.metadata, client.chunks = Zeros(), {"actions_per_frame": 4}, 0
+client.policy_s = client.encode_s = client.transport_s = 0.0
+reset = worker.LiberoSim.reset
+def reset_late(self):  # as if the episode had run 996 steps unsolved (robosuite's own count)
+    obs = reset(self)
+    self.env.env.timestep = self.timestep = 996
+    return obs
+worker.LiberoSim.reset = reset_late
+try:
+    record = worker.run_one(client, benchmark.get_benchmark_dict()["libero_goal"](), 0, 0, 1000)
+    record.pop("frames")
+except Exception as exc:
+    record = {"raised": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(record))
+"""
+
+
+def test_an_unsolved_episode_past_robosuites_horizon_is_a_failure(tmp_path):
+    """Issue 56 item 1: with --max-steps 1000 an unsolved episode runs past robosuite's own horizon (LIBERO's
+    default 1000; the step after it raised `executing action in terminated episode`, the worker crashed and
+    the episode was an error, outside success_rate's denominator, for every unsolved episode): it is a
+    failure, its reason the step limit. The worker's own run_one in the simulator env, its client stood in
+    for (zero actions), the episode moved to step 996 after its reset (robosuite's counter): one chunk of 8
+    env steps, not 1000. (A non-finite chunk: tests/test_serve_session.py, no simulator needed.)"""
+    from trainer.sim.env import choose_gl, ensure_env, worker_env
+
+    python = ensure_env("libero", print)
+    env = worker_env(python, choose_gl(python, print))
+    proc = subprocess.run([str(python), "-c", PAST_THE_HORIZON], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "raised" not in record, record
+    assert (record["success"], record["steps"], record["chunks"]) == (
+        False,
+        1004 - 5,
+        1,
+    )  # 996 + 8, 5 settling
+    assert record["reason"] == "not done within --max-steps 1000"
