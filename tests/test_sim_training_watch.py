@@ -250,3 +250,34 @@ def test_an_evaluation_with_errored_episodes_is_retried_and_bad_input_is_not(tmp
     _drive(_watcher(tmp_path))  # the next attempt
     records = simrecords.read_records(root)
     assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "failed"}
+
+
+def test_a_pin_whose_launcher_is_gone_is_released(tmp_path):
+    """Issue 56 item 9: a launcher SIGKILLed while it evaluated step 2 left its pin; with eval.sim=none on
+    the resume nothing unpinned it and step 2 was never pruned. A pin names its holder (ownership.py's
+    record): on this host a pid that is not running (or another process now), elsewhere a heartbeat (the
+    pin's mtime, touched by the launcher) stopped for LINGBOT_OWNER_STALE_S (or Slurm says its job ended),
+    is released by the next prune; a live holder's pin, here or on another host, holds."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from trainer.launcher.ownership import OwnerRecord
+
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6, 8, 10):
+        _checkpoint(root, step)
+    killed = "import os, signal, sys; from trainer.checkpoint import simrecords; " \
+        "simrecords.pin(sys.argv[1], 2); os.kill(os.getpid(), signal.SIGKILL)"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", killed, str(root)], cwd=Path(simeval.__file__).parents[2])
+    assert proc.returncode == -signal.SIGKILL and simrecords.pin_path(root, 2).is_file()
+    elsewhere = OwnerRecord("another-node", 4242, "boot", None, time.time())
+    for step, age in ((4, 3600.0), (6, 0.0)):  # its launcher's heartbeat: an hour ago, just now
+        path = simrecords.pin_path(root, step)
+        path.write_text(json.dumps(dataclasses.asdict(elsewhere)))
+        os.utime(path, (time.time() - age, time.time() - age))
+    simrecords.pin(root, 8)  # this process: alive
+    prune(root, keep=1, keep_step=10, pin=BestPin(root, "sim"))
+    assert [c.step for c in scan(root)[0]] == [6, 8, 10]
+    assert simrecords.pinned_steps(root) == {6, 8}
+    assert not simrecords.pin_path(root, 2).exists() and not simrecords.pin_path(root, 4).exists()

@@ -1,6 +1,7 @@
 """Simulator evaluations of a run's checkpoints, as retention and the best checkpoint see them.
 
     pin(root, step); unpin(root, step)     # the launcher, around one checkpoint's evaluation
+    beat(root, step)                        # the launcher, while it runs: the pin's heartbeat (mtime)
     pinned_steps(root)                      # {steps}: retention (checkpoint.keep) leaves them alone
     read_records(root)                      # {step: record}: RUN_DIR/evaluation/sim.json
     write_record(root, record)              # the launcher, after each evaluation (atomic)
@@ -9,7 +10,7 @@
 `root` is RUN_DIR/checkpoints. Both files live outside it (pruning removes any unknown folder there):
 
     RUN_DIR/evaluation/sim-pins/checkpoint_step_N   exists while the launcher's evaluator reads that
-                                                     checkpoint; holds the launcher's pid
+                                                     checkpoint; names the launcher (its holder record)
     RUN_DIR/evaluation/sim.json                      {"evaluations": {"<step>": record}}, one writer (the
                                                      launcher, trainer/launcher/simeval.py)
 
@@ -19,6 +20,11 @@ non-zero), `abandoned` (stopped by a stop signal, the end-of-run bound, or its c
 `skipped` (its checkpoint was pruned by checkpoint.keep before its turn). Only `done` records carry a
 success_rate that counts (metrics, best_by sim). Rank 0 reads this file when it prunes (best.py BestPin),
 so a finished evaluation's checkpoint is judged by its record, not by its pin.
+
+A pin whose holder is gone is released by whoever reads it (trainer/launcher/
+ownership.py holder_gone, as owner.json's holder is judged: on this host its pid, else Slurm or the
+heartbeat): a launcher that was SIGKILLed, then a resume with eval.sim=none, no longer keeps that
+checkpoint from pruning forever.
 """
 
 from __future__ import annotations
@@ -43,10 +49,26 @@ def pin_path(root: Path, step: int) -> Path:
     return evaluation_dir(root) / PINS / f"checkpoint_step_{step}"
 
 
+def _holder() -> dict[str, Any]:
+    """This process as a pin's holder (ownership.py's record: host, boot id, pid, its start, Slurm job)."""
+    import dataclasses
+
+    from trainer.launcher.ownership import OwnerRecord
+
+    return dataclasses.asdict(OwnerRecord.mine(dict(os.environ), "simulator evaluation"))
+
+
 def pin(root: Path, step: int) -> None:
     path = pin_path(root, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")
+    write_json_atomic(path, _holder())
+
+
+def beat(root: Path, step: int) -> None:
+    try:
+        os.utime(pin_path(root, step))
+    except OSError:
+        pass
 
 
 def unpin(root: Path, step: int) -> None:
@@ -54,11 +76,17 @@ def unpin(root: Path, step: int) -> None:
 
 
 def pinned_steps(root: Path) -> set[int]:
+    """The pinned steps whose holder may be alive; a pin whose holder is gone is released here."""
+    from trainer.launcher.ownership import holder_gone
+
     folder = evaluation_dir(root) / PINS
     steps = set()
     for entry in folder.iterdir() if folder.is_dir() else ():
         number = entry.name.removeprefix("checkpoint_step_")
         if number.isdigit():
+            if holder_gone(entry):
+                entry.unlink(missing_ok=True)
+                continue
             steps.add(int(number))
     return steps
 
@@ -90,6 +118,6 @@ def success_rates(root: Path) -> dict[int, float]:
 
 
 __all__ = [
-    "ABANDONED", "DONE", "FAILED", "SKIPPED", "evaluation_dir", "pin", "pin_path", "pinned_steps",
-    "read_records", "success_rates", "unpin", "write_record",
+    "ABANDONED", "DONE", "FAILED", "SKIPPED", "beat", "evaluation_dir", "pin", "pin_path",
+    "pinned_steps", "read_records", "success_rates", "unpin", "write_record",
 ]  # fmt: skip

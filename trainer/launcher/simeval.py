@@ -15,7 +15,8 @@ runs with OMP_NUM_THREADS=1 (the spare cores; the ranks keep theirs); cuda:K giv
 
 Retention: the checkpoint is pinned (simrecords.pin) before the evaluator starts and unpinned after its
 record is written; rank 0's pruning keeps pinned steps (best.py BestPin). A queued checkpoint pruned before
-its turn is recorded `skipped`; one that vanished during its evaluation (removed by hand) `abandoned`.
+its turn is recorded `skipped`; one that vanished during its evaluation (removed by hand) `abandoned`. While
+it runs, the launcher touches the pin (its heartbeat).
 
 Results (simresults.py): RUN_DIR/evaluation/sim.json (one record per step), a `{"record": "sim", "step",
 "sim/success_rate", ...}` line in metrics.jsonl, `sim/success_rate` at the checkpoint's step in
@@ -210,6 +211,8 @@ class SimEval:
 
     def _reap(self) -> None:
         run = self.current
+        if run is not None:
+            simrecords.beat(self.root, run.step)  # the pin's heartbeat: a reader elsewhere sees it held
         if run is None or run.proc.poll() is None:
             return
         rc = run.proc.returncode
