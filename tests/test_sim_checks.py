@@ -292,3 +292,145 @@ def test_the_simulator_env_is_refused_on_a_platform_its_lock_has_no_wheels_for(t
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and not done.stdout, (done.stdout, done.stderr)
     assert "aarch64" in done.stderr and "x86_64" in done.stderr, done.stderr
+
+
+def test_a_second_writer_is_refused_before_the_model_loads(tmp_path):
+    """Issue 56 item 8: the output folder is taken before the checkpoint is loaded, so a second writer is
+    refused at once (it was refused only after a full model load; here the target does not even exist, and
+    the old order said so instead); a refused bad input leaves no folder behind."""
+    import os
+
+    from trainer.evaluation.sim.command import Options, hold_output, run_libero
+    from trainer.sampling.load import TargetError
+    from trainer.sim.env import SimEnvError
+
+    out = tmp_path / "evaluation" / "libero" / "libero_goal"
+    opts = Options(suite="libero_goal", tasks="0", episodes=1, out=str(out))
+    held = hold_output(out)
+    try:
+        with pytest.raises(SimEnvError, match="another bin/evaluate --sim is writing there now"):
+            run_libero(str(tmp_path / "no-such-run"), opts, print)
+    finally:
+        os.close(held)
+    fresh = tmp_path / "fresh" / "libero_goal"
+    with pytest.raises(TargetError, match="no such directory"):
+        run_libero(str(tmp_path / "no-such-run"), Options(suite="libero_goal", out=str(fresh)), print)
+    assert not (tmp_path / "fresh").exists()
+
+
+def _fake_checkpoint(root: Path, step: int) -> Path:
+    path = root / f"checkpoint_step_{step}"
+    path.mkdir(parents=True)
+    (path / "train_state.json").write_text(json.dumps({"step": step}))
+    files = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / "COMPLETE").write_text(json.dumps({"step": step, "files": files}))
+    return path
+
+
+def test_the_target_is_resolved_once_and_the_folders_checkpoint_is_the_one_loaded(tmp_path, monkeypatch):
+    """Issue 56 item 3: `best` moves (a run in training) right after bin/evaluate --sim resolved RUN_DIR:
+    the checkpoint loaded is still the one the output folder is named after (it was resolved again in
+    load_served, and one checkpoint's episodes landed in another's folder). The load is stopped there."""
+    import trainer.sampling.load as loading
+    from trainer.evaluation.cli import run_sim
+
+    run = tmp_path / "run"
+    first = _fake_checkpoint(run / "checkpoints", 5)
+    _fake_checkpoint(run / "checkpoints", 7)
+    (run / "checkpoints" / "best").symlink_to("checkpoint_step_5")
+    real = loading.resolve_target
+    calls = []
+
+    def resolve_then_best_moves(target, verify=True):
+        found = real(target, verify)
+        calls.append(found)
+        if len(calls) == 1:  # rank 0 points best at a newer checkpoint now
+            os.replace(_relink(run / "checkpoints", "checkpoint_step_7"), run / "checkpoints" / "best")
+        return found
+
+    class Loaded(Exception):
+        pass
+
+    def load_model(target, cfg, full_scale=False, say=print, resolved=None, sources=None):
+        raise Loaded((resolved or real(target))[1])
+
+    monkeypatch.setattr(loading, "resolve_target", resolve_then_best_moves)
+    monkeypatch.setattr(loading, "load_model", load_model)
+    with pytest.raises(Loaded) as loaded:
+        run_sim(str(run), "1", "libero_goal", "0", 800, 1, (), "libero", True, (), 0, "cpu", None)
+    assert loaded.value.args[0].resolve() == first.resolve()
+    assert calls[0] == ("checkpoint", first)
+    assert not (run / "evaluation").exists()  # the refused command left no folder
+
+
+def _relink(folder: Path, name: str) -> Path:
+    tmp = folder / ".best.tmp"
+    tmp.symlink_to(name)
+    return tmp
+
+
+def test_a_relative_and_an_absolute_target_are_one_checkpoint_in_settings(tmp_path, monkeypatch):
+    """Issue 56 item 2: settings.json names the checkpoint by its resolved path: `runs/x` typed by a user
+    and the absolute path the launcher passes continue the same episodes (each refused the other, exit 2,
+    and the launcher's FAILED was final). load_served is stood in for (what it returns as the real one
+    would name the checkpoint: as typed); what is tested is what the command stores."""
+    import types
+
+    import trainer.serving.session as session
+    from trainer.evaluation.sim.command import Options, check_settings, load, settings_of
+    from trainer.sampling.load import resolve_target
+    from trainer.sim.suites import CAMERAS
+
+    _fake_checkpoint(tmp_path / "runs" / "x" / "checkpoints", 4)
+    spec = Spec(tuple(CAMERAS), 7, 2, 4)
+
+    def load_served(target, config, cpu_scale, sets, device, seed, say, resolved=None):
+        return types.SimpleNamespace(what=f"checkpoint {(resolved or resolve_target(target))[1]}", spec=spec)
+
+    monkeypatch.setattr(session, "load_served", load_served)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "x" / "evaluation" / "checkpoint_step_4" / "libero" / "libero_goal"
+    opts = Options(suite="libero_goal", out=str(out))
+    for target in ("runs/x", str(tmp_path / "runs" / "x"), "runs/x/checkpoints/checkpoint_step_4"):
+        _, checkpoint, _ = load(target, opts, print)
+        assert checkpoint == str(tmp_path / "runs" / "x" / "checkpoints" / "checkpoint_step_4")
+        check_settings(out, settings_of(opts, checkpoint, "cpu", "libero 0"))  # the same settings: no refusal
+
+
+def test_the_simulator_envs_identity_is_build_shs_hash_and_a_rerun_on_another_is_refused(tmp_path):
+    """Issue 56 item 7: settings.json records the simulator env (the hash sim/build.sh keys its env with:
+    its own formula, read from build.sh and run by bash, is compared); a lock change gives another identity,
+    and a re-run in the same folder with another env is refused naming it (it mixed two simulators)."""
+    import shutil
+    import subprocess
+
+    from trainer.evaluation.sim.command import Options, check_settings, settings_of
+    from trainer.sim.env import REPO, env_identity
+
+    def build_sh_hash(repo: Path) -> str:
+        text = (REPO / "sim" / "build.sh").read_text()
+        start = text.index("want=$(")
+        formula = text[start : text.index("\n", text.index("sha256sum", start))]
+        script = f'repo="{repo}"; spec="$repo/sim/libero"; machine=$(uname -m); {formula}; echo "$want"'
+        return subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    assert env_identity("libero") == build_sh_hash(REPO)
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "sim", copy / "sim")
+    (copy / "trainer" / "sim").mkdir(parents=True)
+    shutil.copy(REPO / "trainer" / "sim" / "assets.py", copy / "trainer" / "sim" / "assets.py")
+    assert build_sh_hash(copy) == build_sh_hash(REPO)
+    with open(copy / "sim" / "libero" / "requirements.lock", "a") as lock:
+        lock.write("# re-locked\n")
+    assert build_sh_hash(copy) != build_sh_hash(REPO)  # the env a lock change builds is another one
+
+    opts = Options(suite="libero_goal")
+    out = tmp_path / "out"
+    check_settings(out, settings_of(opts, "/ckpt", "cpu", f"libero {build_sh_hash(copy)}"))
+    with pytest.raises(
+        suites.UsageError,
+        match=r"ran with sim_env 'libero [0-9a-f]{64}', not 'libero .*another simulator env",
+    ):
+        check_settings(out, settings_of(opts, "/ckpt", "cpu", f"libero {env_identity('libero')}"))

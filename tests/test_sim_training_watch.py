@@ -274,3 +274,117 @@ def test_a_failed_evaluation_is_evaluated_again_once_its_settings_changed(tmp_pa
     records = simrecords.read_records(root)
     assert {s: r["status"] for s, r in records.items()} == {2: "done", 4: "done"}
     assert records[2]["settings"]["eval.sim_tasks"] == "1"
+
+
+@pytest.mark.parametrize("after", ["success_rates", "pinned_steps"])
+def test_a_checkpoint_scored_best_while_rank_0_prunes_is_kept(tmp_path, monkeypatch, after):
+    """Issue 56 item 4: the launcher records an evaluation, then unpins (simeval.py _record), right between
+    rank 0's two reads (BestPin: the records, then the pins; or the other way round). Read records then pins,
+    step 2 was neither scored nor pinned: pruned right after it became best (`best` dangled). The
+    launcher's two writes are made at that moment by a hook on the read (deterministic, no sleep)."""
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6, 8):
+        _checkpoint(root, step)
+    simrecords.write_record(root, {"step": 4, "status": "done", "success_rate": 0.5})
+    simrecords.pin(root, 2)  # under evaluation
+    real, fired = getattr(simrecords, after), []
+
+    def then_the_launcher_records(*args):
+        found = real(*args)
+        if not fired:
+            fired.append(after)
+            simrecords.write_record(root, {"step": 2, "status": "done", "success_rate": 0.9})
+            simrecords.unpin(root, 2)
+        return found
+
+    monkeypatch.setattr(simrecords, after, then_the_launcher_records)
+    prune(root, keep=1, keep_step=8, pin=BestPin(root, "sim"))
+    assert fired and 2 in [c.step for c in scan(root)[0]]
+    prune(root, keep=1, keep_step=8, pin=BestPin(root, "sim"))  # the next save
+    assert [c.step for c in scan(root)[0]] == [2, 8] and os.readlink(root / "best") == "checkpoint_step_2"
+
+
+def _removal_hooks(monkeypatch, when: str, launcher_polls):
+    """Runs launcher_polls() once, at `when` in rank 0's prune; returns the pin callable for prune()."""
+    import trainer.checkpoint.layout as layout
+
+    if when == "after the pins are read":
+        return lambda complete, best=BestPin: (best(complete.__getitem__(0).path.parent, "sim")(complete),
+                                               launcher_polls())[0]  # fmt: skip
+    if when == "after the removal is marked":  # the pins' second read: the re-check inside the removal
+        real, calls = simrecords.pinned_steps, []
+
+        def second_read_late(root):
+            calls.append(root)
+            if len(calls) == 2:
+                launcher_polls()
+            return real(root)
+
+        monkeypatch.setattr(simrecords, "pinned_steps", second_read_late)
+    else:  # right before the removal
+        remove = layout._remove
+        monkeypatch.setattr(layout, "_remove", lambda path: (launcher_polls(), remove(path))[1])
+    return None
+
+
+@pytest.mark.parametrize(
+    "when", ["after the pins are read", "after the removal is marked", "right before the removal"]
+)
+def test_an_evaluation_never_starts_on_a_checkpoint_being_pruned(tmp_path, monkeypatch, when):
+    """Issue 56 item 4, the other window: the launcher pins and starts an evaluation between rank 0's read
+    of the pins and its removal of that checkpoint; the evaluator then found it gone and it was recorded
+    abandoned ("removed while evaluated"). Now the removal re-reads the pins after marking itself, and the
+    launcher waits while a removal is marked: the checkpoint is evaluated (kept), or skipped (pruned before
+    its turn), never removed under its evaluator. The launcher's poll is made at `when` by a hook."""
+    root = tmp_path / "run" / "checkpoints"
+    sim = _watcher(tmp_path)
+    (tmp_path / "hold").touch()  # the evaluator waits inside its evaluation until the prune is over
+    for step in (2, 4, 6):
+        _checkpoint(root, step)
+    fired = []
+
+    def launcher_polls():
+        if not fired:
+            fired.append(when)
+            sim.poll()
+
+    best = _removal_hooks(monkeypatch, when, launcher_polls) or BestPin(root, "sim")
+    prune(root, keep=1, keep_step=6, pin=best)
+    assert fired
+    (tmp_path / "hold").unlink()
+    _drive(sim)
+    records = simrecords.read_records(root)
+    assert records[2]["status"] in ("done", "skipped"), records[2]
+    assert (records[2]["status"] == "done") == (root / "checkpoint_step_2").is_dir()
+    assert not simrecords.pinned_steps(root) and not list(root.glob(".removing-*"))
+
+
+def test_a_pin_whose_launcher_is_gone_is_released(tmp_path):
+    """Issue 56 item 9: a launcher SIGKILLed while it evaluated step 2 left its pin; with eval.sim=none on
+    the resume nothing unpinned it and step 2 was never pruned. A pin names its holder (ownership.py's
+    record): on this host a pid that is not running (or another process now), elsewhere a heartbeat (the
+    pin's mtime, touched by the launcher) stopped for LINGBOT_OWNER_STALE_S (or Slurm says its job ended),
+    is released by the next prune; a live holder's pin, here or on another host, holds."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from trainer.launcher.ownership import OwnerRecord
+
+    root = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6, 8, 10):
+        _checkpoint(root, step)
+    killed = "import os, signal, sys; from trainer.checkpoint import simrecords; " \
+        "simrecords.pin(sys.argv[1], 2); os.kill(os.getpid(), signal.SIGKILL)"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", killed, str(root)], cwd=Path(simeval.__file__).parents[2])
+    assert proc.returncode == -signal.SIGKILL and simrecords.pin_path(root, 2).is_file()
+    elsewhere = OwnerRecord("another-node", 4242, "boot", None, time.time())
+    for step, age in ((4, 3600.0), (6, 0.0)):  # its launcher's heartbeat: an hour ago, just now
+        path = simrecords.pin_path(root, step)
+        path.write_text(json.dumps(dataclasses.asdict(elsewhere)))
+        os.utime(path, (time.time() - age, time.time() - age))
+    simrecords.pin(root, 8)  # this process: alive
+    prune(root, keep=1, keep_step=10, pin=BestPin(root, "sim"))
+    assert [c.step for c in scan(root)[0]] == [6, 8, 10]
+    assert simrecords.pinned_steps(root) == {6, 8}
+    assert not simrecords.pin_path(root, 2).exists() and not simrecords.pin_path(root, 4).exists()

@@ -22,6 +22,9 @@ Variables (each: what it does):
   on this node) instead of trainer/launcher/rendezvous.py RENDEZVOUS_S (60 s).
 - `LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: the simulator worker running that episode aborts
   (`os.abort()`) at its first env step: a simulator crash, deterministically.
+- `LINGBOT_TEST_SIM_START_AT=<timestep>`: a LIBERO simulator worker, after each episode's reset and
+  settling, sets robosuite's own step counter (`env.env.timestep`) to `<timestep>`: the episode goes on as
+  if it had run that long unsolved (past robosuite's horizon in a few steps, not a thousand).
 
 A new hook adds its variable to this table and its function below; product code calls the function and
 never reads a `LINGBOT_TEST_*` variable itself (tests/test_structure.py checks it).
@@ -98,3 +101,9 @@ def sim_crash(task: int, episode: int) -> None:
     """`LINGBOT_TEST_SIM_CRASH=<task>:<episode>`: abort the simulator worker on that episode."""
     if os.environ.get("LINGBOT_TEST_SIM_CRASH") == f"{task}:{episode}":
         os.abort()
+
+
+def sim_start_at() -> int | None:
+    """`LINGBOT_TEST_SIM_START_AT=<timestep>`: the env step count the worker moves each episode to."""
+    spec = os.environ.get("LINGBOT_TEST_SIM_START_AT")
+    return int(spec) if spec else None

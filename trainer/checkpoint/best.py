@@ -111,9 +111,12 @@ class BestPin:
         self.root, self.best_by = Path(root), best_by
 
     def __call__(self, complete: list[CheckpointInfo]) -> set[int]:
+        # the pins before the records: the launcher writes a checkpoint's record, then unpins it, so a
+        # checkpoint scored meanwhile is seen pinned or scored (records first, it could be neither: pruned)
+        pinned = simrecords.pinned_steps(self.root)
         found = find_best(complete, self.best_by)
         point(self.root, found[0] if found else None)
-        return ({found[0].step} if found else set()) | simrecords.pinned_steps(self.root)
+        return ({found[0].step} if found else set()) | pinned
 
 
 __all__ = ["POINTER", "SIM", "BestPin", "best_by_of", "best_json", "find_best", "measured", "point"]

@@ -207,11 +207,15 @@ def prune(
     `checkpoint_step_N.tmp-*` folders saves make). Symlinks (the `best` pointer) are never followed or
     removed here, nor is anything else: a checkpoint the user moved aside (`checkpoint_step_6.suspect`, as
     a non-finite checkpoint's fix says) or a folder of their own stays."""
+    from trainer.checkpoint import simrecords
+
     complete, _ = scan(root)
     pinned = pin(complete) if pin is not None else set()
     for old in complete[: max(0, len(complete) - keep)]:
         if old.step != keep_step and old.step not in pinned:
-            _remove(old.path)
+            with simrecords.removal(root, old.step) as free:  # a pin taken since is honoured (simrecords.py)
+                if free:
+                    _remove(old.path)
     for entry in Path(root).iterdir():
         if _PARTIAL.match(entry.name) and entry.is_dir() and not entry.is_symlink():
             _remove(entry)

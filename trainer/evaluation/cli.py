@@ -155,14 +155,15 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         raise UsageError(
             f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
         ) from None
-    if not out:
-        from trainer.sampling.load import resolve_target
+    from trainer.sampling.load import resolve_target
 
-        out = str(default_plots_dir(*resolve_target(target)) / "libero" / suite)
+    resolved = resolve_target(target)  # once: the episodes go with the checkpoint loaded, if best moves
+    if not out:
+        out = str(default_plots_dir(*resolved) / "libero" / suite)
     writable_dir(Path(out), "--plots-dir")
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
                    device, out)  # fmt: skip
-    return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True))
+    return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True), resolved)
 
 
 def writable_dir(path: Path, flag: str) -> None:

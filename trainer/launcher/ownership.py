@@ -174,6 +174,29 @@ def stale_reason(holder: OwnerRecord, clues: Clues) -> str | None:
     return None
 
 
+def holder_gone(path: Path, environ: dict[str, str] | None = None) -> str | None:
+    """Why the holder recorded in the file `path` is gone (a line's middle), or None while it may be alive:
+    a lock file of another kind that names its holder as owner.json does (an OwnerRecord: the simulator
+    evaluation's pins, trainer/checkpoint/simrecords.py), judged by stale_reason; its heartbeat is the
+    file's mtime (its holder touches it). A bare pid (an older pin) is a process of this host. A file that
+    is not a record is never judged gone."""
+    environ = dict(os.environ) if environ is None else environ
+    try:
+        text, mtime = path.read_text(), path.stat().st_mtime
+    except FileNotFoundError:
+        return "it was released"
+    holder = _read(path)
+    if holder is None and text.strip().isdigit():
+        holder = OwnerRecord(socket.gethostname(), int(text.strip()), boot_id(), None, mtime)
+    if holder is None:
+        return None
+    here = holder.host == socket.gethostname()
+    age = None if here else _fs_now(path.parent) - mtime  # another host's: its heartbeat, by the fs clock
+    slurm_job, restarts = environ.get("SLURM_JOB_ID") or None, int(environ.get("SLURM_RESTART_COUNT") or 0)
+    return stale_reason(holder, Clues(socket.gethostname(), boot_id(), age, settings(environ)[1], slurm_job,
+                                      restarts))  # fmt: skip
+
+
 class OwnerBusy(Exception):
     """Another live launch holds the run dir; str() is the one line to say."""
 

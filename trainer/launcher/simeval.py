@@ -14,8 +14,10 @@ RUN_DIR/evaluation/checkpoint_step_N/libero/<suite>/ (bin/evaluate's default). O
 runs with OMP_NUM_THREADS=1 (the spare cores; the ranks keep theirs); cuda:K gives it that GPU alone.
 
 Retention: the checkpoint is pinned (simrecords.pin) before the evaluator starts and unpinned after its
-record is written; rank 0's pruning keeps pinned steps (best.py BestPin). A queued checkpoint pruned before
-its turn is recorded `skipped`; one that vanished during its evaluation (removed by hand) `abandoned`.
+record is written; rank 0's pruning keeps pinned steps (best.py BestPin) and re-reads the pins right before
+each removal; a checkpoint marked as being removed is taken at the next poll (simrecords.py: no race). A
+queued checkpoint pruned before its turn is recorded `skipped`; one that vanished during its evaluation
+(removed by hand) `abandoned`. While it runs, the launcher touches the pin (its heartbeat).
 
 Results (simresults.py): RUN_DIR/evaluation/sim.json (one record per step), a `{"record": "sim", "step",
 "sim/success_rate", ...}` line in metrics.jsonl, `sim/success_rate` at the checkpoint's step in
@@ -212,6 +214,9 @@ class SimEval:
         while self.current is None and self.queue:
             step = self.queue.pop(0)
             simrecords.pin(self.root, step)  # before the check: pruning either sees the pin or ran before
+            if simrecords.being_removed(self.root, step):  # rank 0 decides on it now: kept or gone next poll
+                self.queue.insert(0, step)
+                return
             info = next((c for c in scan(self.root)[0] if c.step == step), None)
             if info is None:
                 self._record(step, simrecords.SKIPPED, reason="pruned by checkpoint.keep before its turn")
@@ -232,6 +237,8 @@ class SimEval:
 
     def _reap(self) -> None:
         run = self.current
+        if run is not None:
+            simrecords.beat(self.root, run.step)  # the pin's heartbeat: a reader elsewhere sees it held
         if run is None or run.proc.poll() is None:
             return
         rc = run.proc.returncode

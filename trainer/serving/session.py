@@ -19,8 +19,9 @@ ChunkSampler of its own (its own KV cache and prompt; another connection never s
     executed(frames, state)  the key frames the robot saw while executing the chunk, t per executed latent
                        frame (t = the encoder's temporal factor: t x (F - 1) after the first chunk, whose
                        frame 0 is the observation, else t x F), and the executed actions (C, F, N) in robot
-                       units, normalised as training normalised them; they replace the chunk's predicted
-                       entries in the cache as real history.
+                       units, normalised with the run's statistics but not clipped (upstream's server,
+                       preprocess_action, does not clip them; training clips its recorded actions); they
+                       replace the chunk's predicted entries in the cache as real history.
 
 The frames are streamed as upstream streams them (`WanVAEStreamingWrapper`): one LatentStream per camera per
 episode (trainer/data/encoding/encoder.py `stream()`, made fresh on reset; a camera whose view is of another
@@ -37,6 +38,7 @@ inputs, same actions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,8 +46,6 @@ import torch
 
 from trainer.sampling.sampler import ChunkSampler, seeded, to_robot_units
 from trainer.serving.protocol import Frame, ProtocolError, Spec, action_layout, check_state, state_rows
-
-ACTION_CLIP = 1.5  # trainer/data/stream.py's, when the config has no recipe.action_clip
 
 
 @dataclass
@@ -64,10 +64,6 @@ class Served:
     spec: Spec
     seed: int = 0
     stand_ins: tuple[str, ...] = ()
-
-    @property
-    def clip(self) -> float:
-        return float(getattr(getattr(self.cfg, "recipe", None), "action_clip", ACTION_CLIP))
 
     @property
     def temporal(self) -> int:
@@ -113,21 +109,28 @@ class Served:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
     def normalised_actions(self, state: np.ndarray) -> torch.Tensor:
-        """(C, F, N) robot units -> [F*N, action_dim] normalised, clipped, in the run's slots."""
+        """(C, F, N) robot units -> [F*N, action_dim] normalised, in the run's slots; not clipped, as
+        upstream's server (wan_va_server.py preprocess_action, the quantile branch) does not clip the executed
+        actions it caches (training's stream clips its recorded actions to recipe.action_clip; these are the
+        model's own answer, executed)."""
         rows = state_rows(state)
         stats = getattr(self.normalizer, "q01", None)
         width = int(np.asarray(stats if stats is not None else self.normalizer.mean).size)
         raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
         raw[:, : rows.shape[1]] = rows
         out = torch.zeros(rows.shape[0], self.action_mask.numel())
-        used = self.normalizer.normalize(raw, clip=self.clip)[:, : len(self.slots)]
+        used = self.normalizer.normalize(raw, clip=np.inf)[:, : len(self.slots)]
         out[:, list(self.slots)] = torch.from_numpy(used)
         return out
 
 
 def load_served(
-    target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say
-) -> Served:
+    target: str, config: str, cpu_scale: bool, sets: list[str], device: str, seed: int, say,
+    resolved: tuple[str, Path] | None = None,
+) -> Served:  # fmt: skip
+    """The model and what serving it needs. TARGET is resolved once (`resolved`: as the caller already
+    resolved it, the checkpoint its outputs are named after): the weights loaded and the statistics checked
+    are that checkpoint's, even if RUN_DIR/checkpoints/best moves meanwhile (a run in training)."""
     from trainer.config import parse_set, resolve_config
     from trainer.data.cache.prepare import stand_ins
     from trainer.data.encoding.encoder import make_encoder
@@ -137,19 +140,19 @@ def load_served(
 
     dev = pick_device(device)  # before the load: a node without the device says so at once
     base, sources = resolve_config(config, cpu_scale, parse_set(list(sets)))
+    kind, path = resolved = resolved or resolve_target(target)
     model, cfg, what = load_model(
-        target, base, not cpu_scale, lambda line: say(f"serve: {line}"), None, sources
+        target, base, not cpu_scale, lambda line: say(f"serve: {line}"), resolved, sources
     )
     if sets:
-        cfg = apply_sets(
-            cfg, list(sets), what, checkpoint=resolve_target(target, verify=False)[0] == "checkpoint"
-        )
+        cfg = apply_sets(cfg, list(sets), what, checkpoint=kind == "checkpoint")
     model = model.to(dev) if dev.type == "cpu" else model.to(dev, dtype=torch.bfloat16)
     say(f"serve: {what}")
     video, text = make_encoder(cfg, dev), make_text_encoder(cfg, dev)
     announced = tuple(stand_ins(video, text))
     data = serving_inputs(cfg, text)
-    check_trained_stats(target, data.normalizer, data.latent_stats, data.source, lambda x: say(f"serve: {x}"))
+    loaded = str(path) if kind == "checkpoint" else target  # the checkpoint loaded, not what best is now
+    check_trained_stats(loaded, data.normalizer, data.latent_stats, data.source, lambda x: say(f"serve: {x}"))
     say(f"serve: action statistics, empty prompt and latent grid from {data.source}")
     spec = Spec(tuple(cfg.data.cameras), len(data.slots), cfg.infer.frames_per_chunk, model.apf)
     return Served(

@@ -5,6 +5,7 @@
                                             # for) once ($LINGBOT_SIM_HOME/libero-<machine>-<hash> if set)
     gl = choose_gl(python, say)             # "egl", else "osmesa"; SimEnvError naming the package if neither
     env = worker_env(python, gl)            # the environment a worker process runs with
+    env_identity("libero")                  # the hash of its locks (sim/build.sh's), no build
 
 check_platform reads sim/<name>/platforms (the machines the locks have wheels for: x86_64); bin/train's
 preflight (eval.sim, the CPU scale's recorded dataset) and bin/evaluate --sim ask it before anything else.
@@ -21,6 +22,7 @@ sim/build.sh wrote (so `import libero.libero` never prompts), and PYTHONPATH to 
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +77,21 @@ def ensure_env(name: str, say: Callable[[str], None]) -> Path:
     python = Path(proc.stdout.strip().splitlines()[-1])
     say(f"evaluate: simulator env {python.parent.parent} (sim/{name}/*.lock)")
     return python
+
+
+def env_identity(name: str) -> str:
+    """The simulator env's identity: the sha256 sim/build.sh keys its ready-marker and its prefix with (its
+    lock files, the upstream manifests, its platforms file, build.sh and assets.py, concatenated in its
+    glob order, then the machine), computed
+    here without building anything. A re-run's episodes must come from an env of the same identity
+    (trainer/evaluation/sim/command.py settings_of)."""
+    import hashlib
+
+    spec = REPO / "sim" / name
+    files = [*sorted(spec.glob("*.lock")), *sorted(spec.glob("*-8f1084e.txt")), spec / "platforms",
+             REPO / "sim" / "build.sh", REPO / "trainer" / "sim" / "assets.py"]  # fmt: skip
+    machine = f"platform {platform.machine()}\n".encode()  # build.sh keys the env by `uname -m` too
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files) + machine).hexdigest()
 
 
 def worker_env(python: Path, gl: str) -> dict[str, str]:

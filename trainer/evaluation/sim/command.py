@@ -85,13 +85,13 @@ def default_workers() -> int:
     return max(1, cores - 1)
 
 
-def settings_of(opts: Options, checkpoint: str, device: str) -> dict:
+def settings_of(opts: Options, checkpoint: str, device: str, sim_env: str) -> dict:
     """What an episode's outcome depends on besides its task and number: must match to resume (the run
     config and its scale, which a reference-layout folder takes from --config; the device kind: fp32 on a
-    CPU, bf16 on a GPU)."""
+    CPU, bf16 on a GPU; the simulator env, by its locks' hash: env.py env_identity)."""
     return {"suite": opts.suite, "checkpoint": checkpoint, "max_steps": opts.max_steps, "seed": opts.seed,
             "sets": sorted(opts.sets), "cameras": sorted(opts.cameras), "config": opts.config,
-            "cpu_scale": opts.cpu_scale, "device": device}  # fmt: skip
+            "cpu_scale": opts.cpu_scale, "device": device, "sim_env": sim_env}  # fmt: skip
 
 
 def hold_output(out: Path) -> int:
@@ -124,27 +124,38 @@ def check_settings(out: Path, want: dict) -> None:
         diff = [k for k in want if have.get(k) != want[k]]
         if diff:
             k = diff[0]
+            what = (
+                " (another simulator env: sim/libero's locks or manifests changed)" if k == "sim_env" else ""
+            )
             raise suites.UsageError(
-                f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}; use the same settings "
-                "to continue them, or another --plots-dir (or remove that folder)"
+                f"{path}: its episodes ran with {k} {have.get(k)!r}, not {want[k]!r}{what}; use the same "
+                "settings to continue them, or another --plots-dir (or remove that folder)"
             )
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, want)
 
 
-def load(target: str, opts: Options, say: Callable[[str], None]):
-    """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet."""
+def load(target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None):
+    """(served, checkpoint path, OUT) or UsageError; nothing about the simulator yet. `resolved`: TARGET as
+    the caller resolved it (the checkpoint OUT is named after), loaded as it is even if `best` moved since."""
+    from trainer.sampling.load import resolve_target
     from trainer.serving.protocol import parse_aliases
     from trainer.serving.session import load_served
 
-    served = load_served(target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say)
+    kind, path = resolved = resolved or resolve_target(target)
+    served = load_served(
+        target, opts.config, opts.cpu_scale, list(opts.sets), opts.device, opts.seed, say, resolved
+    )
     try:
         aliases = parse_aliases(opts.cameras, served.spec.cameras)
     except ValueError as exc:
         raise suites.UsageError(str(exc)) from None
     served.spec = dataclasses.replace(served.spec, aliases=aliases)
     suites.check_served(served.spec, target)
-    return served, served.what.removeprefix("checkpoint "), Path(opts.out)
+    # the checkpoint by its resolved path (settings.json, results.json): `runs/x` and its absolute path, as
+    # the launcher passes it, are one checkpoint and one output folder (each refused the other, exit 2)
+    name = str(path.resolve()) if kind == "checkpoint" else f"reference-layout weights {path.resolve()}"
+    return served, name, Path(opts.out)
 
 
 class Serving:
@@ -175,16 +186,30 @@ class Serving:
         self.log.close()
 
 
-def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[dict, int]:
+def run_libero(
+    target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None
+) -> tuple[dict, int]:
     from trainer.sim.env import check_platform
 
     check_platform("libero", "evaluate this checkpoint on such a node (copy the run folder there)")
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
-    served, checkpoint, out = load(target, opts, say)
-    writer = hold_output(out)
+    out = Path(opts.out)
+    made = [d for d in (out, *out.parents) if not d.exists()]  # what hold_output makes: undone on bad input
+    writer = hold_output(out)  # before the model's load: a second writer is refused at once, not after it
     try:
+        try:
+            served, checkpoint, out = load(target, opts, say, resolved)
+        except BaseException:
+            if made:
+                (out / ".writer.lock").unlink(missing_ok=True)
+            for folder in made:  # innermost first; only the empty folders this command made
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            raise
         return _run(served, checkpoint, out, tasks, opts, say)
     finally:
         os.close(writer)
@@ -192,10 +217,10 @@ def run_libero(target: str, opts: Options, say: Callable[[str], None]) -> tuple[
 
 def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, say) -> tuple[dict, int]:
     from trainer.evaluation.sim.runner import Pool
-    from trainer.sim.env import choose_gl, ensure_env, worker_env
+    from trainer.sim.env import choose_gl, ensure_env, env_identity, worker_env
 
     device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
-    check_settings(out, settings_of(opts, checkpoint, device))
+    check_settings(out, settings_of(opts, checkpoint, device, f"libero {env_identity('libero')}"))
     python = ensure_env("libero", say)
     gl = choose_gl(python, say)
     done = load_records(out, tasks, opts.episodes)

@@ -8,6 +8,8 @@ Counting: an episode counts when its record (OUT/episodes/t<task>_e<episode>.jso
 after its video) exists, whichever run wrote it; a success is the record's `success`, LIBERO's own `done`.
 Errors (a crashed worker) are this run's and count neither way: `episodes` is the number of episodes with
 a record, `success_rate` = successes / episodes (null when none), and `errors` lists what failed to run.
+A failure's record says why (`reason`: the step limit, or a chunk the server refused as not finite): an
+unsolved episode is always a failure, never an error (worker.py).
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ class Progress:
         if self.tty:
             print("\r" + self.line(), end="", file=sys.stderr, flush=True)
         else:
-            what = record.get("error") or ("success" if record["success"] else "failure")
+            failure = f"failure ({record['reason']})" if record.get("reason") else "failure"
+            what = record.get("error") or ("success" if record["success"] else failure)
             self.say(f"evaluate: task {record['task']} episode {record['episode']}: {what} | {self.line()}")
 
     def close(self) -> None:

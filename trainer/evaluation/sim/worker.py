@@ -19,7 +19,9 @@ afresh, `reset()`, `set_init_state(init_states[e % len(init_states)])` (the task
 upstream's client keys them), `done` as LIBERO's env.step returns it (the task's bddl goal,
 `_check_success`); until `env.env.timestep` (the 5 settling steps included, as upstream counts) reaches
 --max-steps (upstream: 800). Differences, none in what the policy sees or what counts: the env is built
-once, not retried 5 times (a failure is the episode's error); the step limit is a flag; time is measured;
+once, not retried 5 times (a failure is the episode's error); the step limit is a flag (robosuite's own
+horizon, LIBERO's default 1000, is off: ignore_done; a chunk the server refuses as not finite ends the
+episode as a failure, its reason in the record, where upstream's client raised); time is measured;
 and Python's and numpy's global RNGs are seeded from (--seed, suite, task, episode) before the env is
 built. LIBERO draws from them while building a scene, and the same init state then renders differently
 from one build to the next (measured: libero_goal task 0, init state 0, two builds: the same qpos, the
@@ -30,9 +32,11 @@ Written per episode (each atomically, the record last, so a record means the epi
     DIR/videos/t<task>_e<episode>_<success|failure>.mp4   the key frames, agentview | eye-in-hand side by
                                                           side (upstream's save_video: hstack, fps 60)
     DIR/episodes/t<task>_e<episode>.json                  the record: task, episode, language, success,
-                                                          steps, chunks, seconds, timing {build, reset,
-                                                          physics, render, policy, encode, transport,
-                                                          video}
+                                                          reason (a failure's: the step limit, or the
+                                                          server's refusal of a non-finite chunk; null
+                                                          on success), steps, chunks, seconds, timing
+                                                          {build, reset, physics, render, policy, encode,
+                                                          transport, video}
 """
 
 from __future__ import annotations
@@ -63,9 +67,12 @@ class TimedClient:
         self.client = PolicyClient(uri, open_timeout=60)
         self.metadata = self.client.metadata
         self.policy_s = self.encode_s = self.transport_s = 0.0
+        self.chunks = 0  # chunk requests made (the last may have been refused)
 
     def infer(self, obs: dict) -> dict:
         start = time.perf_counter()
+        if not obs.get("reset") and not obs.get("compute_kv_cache"):
+            self.chunks += 1
         reply = self.client.infer(obs)
         took = time.perf_counter() - start
         server = reply.get("server_timing", {}).get("infer_ms", 0.0) / 1000
@@ -113,6 +120,10 @@ class LiberoSim:
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
         self.reset_s, self.render_s = time.perf_counter() - start, 0.0
+        from trainer import testhooks
+
+        if (late := testhooks.sim_start_at()) is not None:
+            self.env.env.timestep = late
         self.timestep = int(self.env.env.timestep)
         return extract(obs)
 
@@ -134,16 +145,48 @@ class LiberoSim:
         return observes, bool(done)
 
 
-def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
-    """One episode (see the module docstring): its record, and the key frames under "frames"."""
-    from libero.libero.envs import OffScreenRenderEnv
+def nonfinite_reason(exc: Exception) -> str | None:
+    """Why an episode failed when the server refused a chunk as not finite (session.py observe: a
+    FloatingPointError, answered as a server error, raised by the client as ServerError), else None."""
+    from trainer.serving.client import ServerError
 
+    text = str(exc)
+    if not isinstance(exc, ServerError) or "FloatingPointError" not in text:
+        return None
+    return "the served actions were not finite: " + text.split("FloatingPointError: ", 1)[1].strip()
+
+
+def play(
+    client: TimedClient, sim: Any, prompt: str, max_steps: int, noise: int
+) -> tuple[bool, int, str | None]:
+    """loops.py libero_episode on `sim`: (success, chunks, reason): a failure's reason is the step limit, or
+    the server's refusal of a non-finite chunk (an outcome of the policy, not the worker's error)."""
     from trainer.evaluation.loops import libero_episode
+
+    try:
+        played = libero_episode(client, sim, prompt, max_steps, episode_seed=noise)
+    except Exception as exc:
+        reason = nonfinite_reason(exc)
+        if reason is None:
+            raise
+        return False, client.chunks - 1, reason
+    done = bool(played.done)
+    return done, len(played.actions), None if done else f"not done within --max-steps {max_steps}"
+
+
+def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
+    """One episode (see the module docstring): its record, and the key frames under "frames". An
+    unsolved episode is a failure with its `reason` (the step limit, or a chunk the server refused as not
+    finite); anything else the server or the simulator raises is the worker's error (runner.py)."""
+    from libero.libero.envs import OffScreenRenderEnv
 
     t0 = time.perf_counter()
     prompt = suite.get_task(task).language
+    # ignore_done: robosuite's own horizon (LIBERO's default 1000) never ends the episode: --max-steps does
+    # (a chunk begun before it runs whole, as upstream's loop); past its horizon robosuite raised
+    # "executing action in terminated episode" and every unsolved episode of --max-steps >= ~994 was an error
     env_args = {"bddl_file_name": suite.get_task_bddl_file_path(task), "camera_heights": SIZE,
-                "camera_widths": SIZE}  # fmt: skip
+                "camera_widths": SIZE, "ignore_done": True}  # fmt: skip
     init_states = suite.get_task_init_states(task)
     seed_scene(seed, suite.name, task, episode)
     env = OffScreenRenderEnv(**env_args)
@@ -153,13 +196,13 @@ def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps:
     try:
         # the episode's own noise index on the server (a connection per episode would give every one 0)
         noise = zlib.crc32(f"{suite.name}/{task}/{episode}".encode())
-        played = libero_episode(client, sim, prompt, max_steps, episode_seed=noise)
+        success, chunks, reason = play(client, sim, prompt, max_steps, noise)
         steps = sim.timestep - SETTLE
     finally:
         env.close()
     return {
-        "task": task, "episode": episode, "language": prompt, "success": bool(played.done), "steps": steps,
-        "chunks": len(played.actions), "frames": sim.frames,
+        "task": task, "episode": episode, "language": prompt, "success": success, "steps": steps,
+        "chunks": chunks, "reason": reason, "frames": sim.frames,
         "timing": {
             "build": build, "reset": sim.reset_s, "physics": sim.step_s - sim.render_s,
             "render": sim.render_s, "policy": client.policy_s, "encode": client.encode_s,
