@@ -30,8 +30,10 @@ from trainer.serving.session import Served
 F, CAMS, CHANNELS = 2, ("front", "wrist"), 8
 
 
-def tiny_served() -> Served:
-    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2})
+def tiny_served(temporal: int = 1, **sets) -> Served:
+    """temporal: the encoder's key frames per latent frame; sets: tiny_cfg overrides (LIBERO's client loop:
+    data.actions_per_frame 4 and temporal 4, four key frames per latent frame)."""
+    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2, **sets})
     cfg.data.cameras = list(CAMS)
     torch.manual_seed(0)
     model = WorldModel(cfg).eval()
@@ -44,7 +46,7 @@ def tiny_served() -> Served:
     grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
     return Served(
         model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, CHANNELS),
-        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, 1), text, spec,
+        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, temporal), text, spec,
     )  # fmt: skip
 
 

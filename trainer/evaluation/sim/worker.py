@@ -5,8 +5,8 @@
 
 Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: from
 this repo it imports only the loop (trainer/evaluation/loops.py), the client (trainer/serving/client.py and
-its codec), provision/atomic.py and trainer/testhooks.py. Jobs come on stdin, one JSON line each
-({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
+its codec), provision/atomic.py, trainer/sim/ and trainer/testhooks.py. Jobs come on stdin, one JSON line
+each ({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
 below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
 connection of its own and sends its reset with `episode_seed` = crc32("suite/task/episode") (the protocol's
 one extension): the noise of its chunks is the episode's own, the same on every re-run.
@@ -18,8 +18,12 @@ afresh, `reset()`, `set_init_state(init_states[e % len(init_states)])` (the task
 5 steps of the zero action `[0.] * 7`, images flipped `[::-1]` (agentview and eye-in-hand, keyed as
 upstream's client keys them), `done` as LIBERO's env.step returns it (the task's bddl goal,
 `_check_success`); until `env.env.timestep` (the 5 settling steps included, as upstream counts) reaches
---max-steps (upstream: 800). Differences, none in what the policy sees or what counts: the env is built
-once, not retried 5 times (a failure is the episode's error); the step limit is a flag; time is measured;
+--max-steps (upstream: 800). A job may instead name a recorded demonstration's scene, `"demo_seed": S`
+(and `"cameras": false` for physics only: black frames, not rendered): the scene is then reset as the
+recorder reset it (trainer/sim/demos.py: its seed space, `reset()`, no init state, the same settling), so
+a policy replaying that demo's actions reproduces it (tests/test_sim_training.py). Differences, none in
+what the policy sees or what counts: the env is built once, not retried 5 times (a failure is the
+episode's error); the step limit is a flag; time is measured;
 and Python's and numpy's global RNGs are seeded from (--seed, suite, task, episode) before the env is
 built. LIBERO draws from them while building a scene, and the same init state then renders differently
 from one build to the next (measured: libero_goal task 0, init state 0, two builds: the same qpos, the
@@ -82,10 +86,11 @@ class LiberoSim:
     the key frames kept for the video (upstream's full_obs_list: each step with (j + 1) % (N // 4) == 0
     that was not done, i.e. every (N // 4)-th step after the settling), and the test hooks."""
 
-    def __init__(self, env, init_state, task: int, episode: int, key_every: int):
+    def __init__(self, env, init_state, task: int, episode: int, key_every: int, cameras: bool = True):
         from trainer import testhooks
 
         self.env, self.init_state, self.task, self.episode = env, init_state, task, episode
+        self.cameras = cameras  # False: a physics-only env, black frames (trainer/sim/demos.py)
         self.key_every, self.goal_at = key_every, testhooks.sim_goal_at()
         self.frames: list[dict] = []
         self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
@@ -109,12 +114,18 @@ class LiberoSim:
         start = time.perf_counter()
         self.env.reset()
         self._time_renders()
-        self.env.set_init_state(self.init_state)
+        if self.init_state is not None:  # None: a demonstration's scene, as reset (trainer/sim/demos.py)
+            self.env.set_init_state(self.init_state)
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
         self.reset_s, self.render_s = time.perf_counter() - start, 0.0
         self.timestep = int(self.env.env.timestep)
-        return extract(obs)
+        return self._observe(obs)
+
+    def _observe(self, obs: dict) -> dict[str, np.ndarray]:
+        from trainer.sim.demos import blank_frames
+
+        return extract(obs) if self.cameras else blank_frames()
 
     def step(self, action) -> tuple[dict[str, np.ndarray], bool]:
         from trainer import testhooks
@@ -124,7 +135,7 @@ class LiberoSim:
         obs, _, done, _ = self.env.step(action)
         self.step_s += time.perf_counter() - start
         self.timestep = int(self.env.env.timestep)
-        observes, steps = extract(obs), self.timestep - SETTLE
+        observes, steps = self._observe(obs), self.timestep - SETTLE
         if self.goal_at is not None and steps == self.goal_at:
             from trainer.sim.goal import reach_goal
 
@@ -134,22 +145,27 @@ class LiberoSim:
         return observes, bool(done)
 
 
-def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
+def run_one(
+    client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0,
+    demo_seed: int | None = None, cameras: bool = True,
+) -> dict:  # fmt: skip
     """One episode (see the module docstring): its record, and the key frames under "frames"."""
-    from libero.libero.envs import OffScreenRenderEnv
-
     from trainer.evaluation.loops import libero_episode
+    from trainer.sim.demos import make_env, seed_demo
 
     t0 = time.perf_counter()
     prompt = suite.get_task(task).language
-    env_args = {"bddl_file_name": suite.get_task_bddl_file_path(task), "camera_heights": SIZE,
-                "camera_widths": SIZE}  # fmt: skip
-    init_states = suite.get_task_init_states(task)
-    seed_scene(seed, suite.name, task, episode)
-    env = OffScreenRenderEnv(**env_args)
+    if demo_seed is None:
+        init_states = suite.get_task_init_states(task)
+        init_state = init_states[episode % init_states.shape[0]]
+        seed_scene(seed, suite.name, task, episode)
+    else:  # a recorded demonstration's scene (its seed space; no init state)
+        init_state = None
+        seed_demo(suite.name, task, demo_seed)
+    env = make_env(suite, task, cameras)
     build = time.perf_counter() - t0
     key_every = max(1, int(client.metadata["actions_per_frame"]) // 4)
-    sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every)
+    sim = LiberoSim(env, init_state, task, episode, key_every, cameras)
     try:
         # the episode's own noise index on the server (a connection per episode would give every one 0)
         noise = zlib.crc32(f"{suite.name}/{task}/{episode}".encode())
@@ -218,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         job = json.loads(line)
         client = TimedClient(args.uri)  # a connection (a server session) per episode: its noise is its own
         try:
-            record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed)
+            record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed,
+                             job.get("demo_seed"), job.get("cameras", True))  # fmt: skip
         finally:
             client.client.close()
         record = write_episode(record, args.out)
