@@ -5,9 +5,9 @@
 
 Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: from
 this repo it imports only the loop (trainer/evaluation/loops.py), the client (trainer/serving/client.py and
-its codec), provision/atomic.py, trainer/sim/ and trainer/testhooks.py. Jobs come on stdin, one JSON line
-each ({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
-below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
+its codec), provision/atomic.py, trainer/sim/ (--expert: trainer/sim/experts/) and trainer/testhooks.py.
+Jobs come on stdin, one JSON line each ({"task": t, "episode": e}); for each, one JSON line on stdout when
+the episode is written (the record below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
 connection of its own and sends its reset with `episode_seed` = crc32("suite/task/episode") (the protocol's
 one extension): the noise of its chunks is the episode's own, the same on every re-run.
 
@@ -29,6 +29,11 @@ built. LIBERO draws from them while building a scene, and the same init state th
 from one build to the next (measured: libero_goal task 0, init state 0, two builds: the same qpos, the
 agentview images up to 158 apart, 3.5 on average; 0 apart when seeded), so upstream's runs are not
 repeatable; seeded, the same command plays the same episodes.
+
+Expert mode (`--expert` instead of `--uri`; bin/evaluate --sim libero --expert): the same episode with
+no server: trainer/sim/experts/'s scripted expert for the task acts each step on the env and its raw
+observation, until `done` or --max-steps; a key frame is kept every step (the loop's cadence for N = 4,
+N // 4 = 1); `policy` times the expert, `chunks` is 0.
 
 Written per episode (each atomically, the record last, so a record means the episode is complete):
     DIR/videos/t<task>_e<episode>_<success|failure>.mp4   the key frames, agentview | eye-in-hand side by
@@ -93,6 +98,7 @@ class LiberoSim:
         self.cameras = cameras  # False: a physics-only env, black frames (trainer/sim/demos.py)
         self.key_every, self.goal_at = key_every, testhooks.sim_goal_at()
         self.frames: list[dict] = []
+        self.raw: dict = {}  # the last observation as env.step returned it (what an expert reads)
         self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
         self.step_s = self.render_s = self.reset_s = 0.0
 
@@ -118,6 +124,7 @@ class LiberoSim:
             self.env.set_init_state(self.init_state)
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
+        self.raw = obs
         self.reset_s, self.render_s = time.perf_counter() - start, 0.0
         self.timestep = int(self.env.env.timestep)
         return self._observe(obs)
@@ -134,6 +141,7 @@ class LiberoSim:
         start = time.perf_counter()
         obs, _, done, _ = self.env.step(action)
         self.step_s += time.perf_counter() - start
+        self.raw = obs
         self.timestep = int(self.env.env.timestep)
         observes, steps = self._observe(obs), self.timestep - SETTLE
         if self.goal_at is not None and steps == self.goal_at:
@@ -184,6 +192,40 @@ def run_one(
     }  # fmt: skip
 
 
+def run_expert(suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
+    """One episode played by the task's scripted expert (see the module docstring): run_one's record."""
+    from libero.libero.envs import OffScreenRenderEnv
+
+    from trainer.sim.experts import expert_for
+
+    t0 = time.perf_counter()
+    expert = expert_for(suite.name, task)
+    init_states = suite.get_task_init_states(task)
+    seed_scene(seed, suite.name, task, episode)
+    env = OffScreenRenderEnv(bddl_file_name=suite.get_task_bddl_file_path(task), camera_heights=SIZE,
+                             camera_widths=SIZE)  # fmt: skip
+    build = time.perf_counter() - t0
+    sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every=1)
+    acting, done = 0.0, False
+    try:
+        sim.reset()
+        expert.reset()
+        while sim.timestep < max_steps and not done:
+            start = time.perf_counter()
+            action = expert.act(env, sim.raw)
+            acting += time.perf_counter() - start
+            _, done = sim.step(action.tolist())
+        steps = sim.timestep - SETTLE
+    finally:
+        env.close()
+    return {
+        "task": task, "episode": episode, "language": suite.get_task(task).language, "success": done,
+        "steps": steps, "chunks": 0, "frames": sim.frames,
+        "timing": {"build": build, "reset": sim.reset_s, "physics": sim.step_s - sim.render_s,
+                   "render": sim.render_s, "policy": acting, "encode": 0.0, "transport": 0.0},
+    }  # fmt: skip
+
+
 def save_video(frames: list[dict], path: Path, fps: int = 60) -> None:
     """upstream's save_video: each key frame's cameras side by side (resized to the first's), atomically."""
     import cv2
@@ -218,7 +260,9 @@ def write_episode(record: dict, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--uri", required=True)
+    policy = parser.add_mutually_exclusive_group(required=True)
+    policy.add_argument("--uri", help="the served policy's websocket")
+    policy.add_argument("--expert", action="store_true", help="the task's scripted expert, no server")
     parser.add_argument("--suite", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--max-steps", type=int, default=800)
@@ -232,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     suite = benchmark.get_benchmark_dict()[args.suite]()
     for line in sys.stdin:
         job = json.loads(line)
+        if args.expert:
+            played = run_expert(suite, job["task"], job["episode"], args.max_steps, args.seed)
+            print(json.dumps(write_episode(played, args.out)), file=records, flush=True)
+            continue
         client = TimedClient(args.uri)  # a connection (a server session) per episode: its noise is its own
         try:
             record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed,
