@@ -46,7 +46,8 @@ def tiny_served(temporal: int = 1, **sets) -> Served:
     grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
     return Served(
         model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, CHANNELS),
-        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, temporal), text, spec,
+        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, temporal), text,
+        spec,
     )  # fmt: skip
 
 
