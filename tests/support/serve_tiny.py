@@ -44,10 +44,10 @@ def tiny_served(temporal: int = 1, **sets) -> Served:
     norm = QuantileNormalizer(low.astype(np.float32), high.astype(np.float32))
     spec = Spec(CAMS, CHANNELS, F, cfg.data.actions_per_frame)
     grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
+    video = PatchMeanEncoder(m.latent_channels, m.latent_size, temporal)
     return Served(
         model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, CHANNELS),
-        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, temporal), text,
-        spec,
+        torch.as_tensor(empty), grid, None, video, text, spec,
     )  # fmt: skip
 
 

@@ -8,8 +8,9 @@ this repo it imports only the loop (trainer/evaluation/loops.py), the client (tr
 its codec), provision/atomic.py, trainer/sim/ (--expert: trainer/sim/experts/) and trainer/testhooks.py.
 Jobs come on stdin, one JSON line each ({"task": t, "episode": e}); for each, one JSON line on stdout when
 the episode is written (the record below). stdout carries nothing else (LIBERO and robosuite print: they
-go to stderr). Each episode has a connection of its own and sends its reset with `episode_seed` = crc32("suite/task/episode") (the protocol's
-one extension): the noise of its chunks is the episode's own, the same on every re-run.
+go to stderr). Each episode has a connection of its own and sends its reset with `episode_seed` =
+crc32("suite/task/episode") (the protocol's one extension): the noise of its chunks is the episode's own,
+the same on every re-run.
 
 One episode is upstream 58c2ae5 evaluation/libero/client.py `run_one`: the loop itself is loops.py
 `libero_episode` (written line by line from run_one), on LiberoSim below, run_one's env side: the suite's
