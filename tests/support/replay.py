@@ -38,6 +38,20 @@ from trainer.serving.session import Served
 FAULTS = ("", "gripper", "slots", "shift")
 
 
+def normalised(served: Served, rows: np.ndarray) -> np.ndarray:
+    """Robot-unit rows (T, channels) -> (T, used channels) by the run's normaliser and clip."""
+    stats = getattr(served.normalizer, "q01", None)
+    width = int(np.asarray(stats if stats is not None else served.normalizer.mean).size)
+    raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
+    raw[:, : rows.shape[1]] = rows
+    return served.normalizer.normalize(raw, clip=served.clip)[:, : len(served.slots)]
+
+
+def clipped(served: Served, normed: np.ndarray) -> int:
+    """Values the run's clip reached: where the round trip is not the identity."""
+    return int((np.abs(normed) >= served.clip - 1e-6).sum())
+
+
 class ReplaySource:
     """What Session uses of a ChunkSampler (frame, sample, drop_predicted, observe), replaying `actions`."""
 
@@ -69,14 +83,9 @@ class ReplaySource:
         """As trainer/data/stream.py encodes a training episode's actions: the run's normaliser, its clip,
         the used channels written into data.action_slots of an action_dim-wide row."""
         s = self.served
-        used = len(s.slots)
-        slots = list(s.cfg.data.action_slots or ACTION_SLOTS)[:used]
-        stats = getattr(s.normalizer, "q01", None)
-        width = int(np.asarray(stats if stats is not None else s.normalizer.mean).size)
-        raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
-        raw[:, : rows.shape[1]] = rows
-        normed = s.normalizer.normalize(raw, clip=s.clip)[:, :used]
-        self.clipped += int((np.abs(normed) >= s.clip - 1e-6).sum())
+        slots = list(s.cfg.data.action_slots or ACTION_SLOTS)[: len(s.slots)]
+        normed = normalised(s, rows)
+        self.clipped += clipped(s, normed)
         out = torch.zeros(rows.shape[0], s.action_mask.numel())
         out[:, slots] = torch.from_numpy(normed)
         return out
