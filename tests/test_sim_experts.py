@@ -1,8 +1,9 @@
 """The scripted LIBERO experts through bin/evaluate (`--sim libero --expert`): what is refused (fast), and
-one real episode scored by the same workers, counting and report as a checkpoint's (heavy, ~30-60 s on 2
-cores: one scene built, ~95 steps with both cameras rendered). The experts' success rates over the 50
-official init states are measured by `python -m trainer.sim.experts` (bench/results/*-libero-experts.md),
-not here: too slow for the suite."""
+one real episode scored by the same workers, counting and report as a checkpoint's (heavy: one scene
+built, 94 steps with both cameras rendered; measured 220 s on a shared 2-core node at load ~10, its record's
+own parts 175 s there: build 28, reset 29, render 101, physics 14, expert 1). The experts' success
+rates over the 50 official init states are measured by `python -m trainer.sim.experts`
+(bench/results/*-libero-experts.md), not here: too slow for the suite."""
 
 from __future__ import annotations
 
