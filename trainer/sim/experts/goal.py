@@ -200,8 +200,9 @@ class Stove(Script):
 class PlateToStoveFront(PickPlace):
     """ "push the plate to the front of the stove". The plate is at the edge of the arm's reach and slides
     only when its rim is pinched (pushing from inside rides over the rim; measured by the issue's author):
-    the rim's near (-x) side is pinched, the gripper yawed to close along x and tilted forward about y, and
-    the plate is dragged over the table to the stove-front region's centre, then let go."""
+    the rim's +y side (towards the stove, away from the bowl) is pinched from above, the gripper tilted
+    forward about y, and the plate is dragged over the table to the stove-front region's centre, then let
+    go."""
 
     phases = ("above", "descend", "close", "drag", "release", "retreat")
     obj = "plate_1"
@@ -210,7 +211,7 @@ class PlateToStoveFront(PickPlace):
     tilt = -0.4
 
     def pinch(self, s: State) -> tuple[np.ndarray, np.ndarray]:
-        return s.obj(self.obj) + [-self.rim, 0, self.depth], rot_y(self.tilt) @ rot_z(np.pi / 2) @ DOWN
+        return s.obj(self.obj) + [0, self.rim, self.depth], rot_y(self.tilt) @ DOWN
 
     def target(self, s: State) -> np.ndarray:
         site = s.sim.data.site_xpos[s.model.site_name2id("main_table_stove_front_region")]
