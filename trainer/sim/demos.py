@@ -61,16 +61,17 @@ def seed_demo(suite: str, task: int, seed: int) -> None:
     seed_scene(seed, suite, task, 0, tag=TAG)
 
 
-def make_env(suite: Any, task: int, cameras: bool) -> Any:
+def make_env(suite: Any, task: int, cameras: bool, **env_args: Any) -> Any:
     """cameras: LIBERO's OffScreenRenderEnv with the evaluation's 128 x 128 cameras; else its ControlEnv
-    with no renderer and no camera observations (physics only; the same physics, measured)."""
+    with no renderer and no camera observations (physics only; the same physics, measured). env_args: more
+    of LIBERO's env arguments (e.g. the evaluation's ignore_done)."""
     from libero.libero.envs import OffScreenRenderEnv
     from libero.libero.envs.env_wrapper import ControlEnv
 
     bddl = suite.get_task_bddl_file_path(task)
     if cameras:
-        return OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=SIZE, camera_widths=SIZE)
-    return ControlEnv(bddl_file_name=bddl, has_offscreen_renderer=False, use_camera_obs=False)
+        return OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=SIZE, camera_widths=SIZE, **env_args)
+    return ControlEnv(bddl_file_name=bddl, has_offscreen_renderer=False, use_camera_obs=False, **env_args)
 
 
 def blank_frames() -> dict[str, np.ndarray]:
