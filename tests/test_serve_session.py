@@ -292,3 +292,54 @@ def test_a_non_finite_chunk_is_the_libero_episodes_failure_with_its_reason():
     finally:
         server.stop()
         thread.join(60)
+
+
+def test_a_replayed_demo_reaches_the_client_loops_env_step_unchanged_and_each_fault_changes_it():
+    """tests/support/replay.py's chunks through the session's own decoding (to_robot_units, action_layout),
+    the wire (pack, decode_request, the server's _run) and upstream's LIBERO client loop
+    (loops.libero_episode): the env steps exactly the demo's actions, in order, across the first chunk's
+    unexecuted frame 0 and every later chunk; each injected fault changes them. What they do in LIBERO's
+    simulator: tests/test_sim_training.py (heavy)."""
+    from tests.support.replay import FAULTS, replaying
+    from trainer.evaluation.loops import libero_episode
+    from trainer.serving.protocol import decode_request, pack, unpack
+    from trainer.serving.server import _run
+
+    base = tiny_served(4, **{"data.actions_per_frame": 4})
+    low, high = base.normalizer.q01, base.normalizer.q99
+    demo = np.random.default_rng(3).uniform(low, high, (29, 8)).astype(np.float32)  # 29: chunks 4 + 8 + ...
+    served = replaying(base, demo, list(FAULTS))
+    frame = _frames(1)[0]
+
+    class Client:  # one connection: a session of its own, every message through the wire's encoding
+        def __init__(self):
+            self.session = Session(served)
+
+        def infer(self, obs: dict) -> dict:
+            return unpack(pack(_run(self.session, decode_request(pack(obs), served.spec))[0]))
+
+    class Sim:  # the simulator's side of the loop: done once the demo's length is stepped
+        timestep = 0
+
+        def __init__(self):
+            self.stepped: list[np.ndarray] = []
+
+        def reset(self):
+            return frame
+
+        def step(self, action):
+            self.stepped.append(np.asarray(action))
+            self.timestep += 1
+            return frame, len(self.stepped) == len(demo)
+
+    stepped = {}
+    for fault in FAULTS:
+        sim = Sim()
+        assert libero_episode(Client(), sim, "p", max_steps=len(demo)).done
+        stepped[fault] = np.stack(sim.stepped)
+    np.testing.assert_allclose(stepped[""], demo, atol=1e-5)
+    assert served.sources[0].clipped == 0
+    for fault in FAULTS[1:]:
+        assert not np.allclose(stepped[fault], demo, atol=1e-3), fault
+    np.testing.assert_allclose(stepped["gripper"][:, :6], demo[:, :6], atol=1e-5)  # only the gripper moved
+    np.testing.assert_allclose(stepped["shift"][:3], demo[1:4], atol=1e-5)  # one key frame (N // 4 = 1) ahead

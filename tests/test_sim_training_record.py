@@ -1,35 +1,78 @@
 """The CPU scale's recorded LIBERO dataset (trainer/data/formats/libero_record.py), without the simulator:
-the scripted motion's arithmetic; when ensure_dataset records (libero CPU scale, no dataset) and when it
-refuses; the preflight's note; a recording renamed into place only when complete (a fake simulator python).
-The recording for real: tests/test_sim_training_recorded.py (heavy)."""
+the recorder's loop (a failed expert episode or a diverging replay is not written, the next seed is tried,
+each counted; a task that never succeeds is one line), with the simulator's side faked; when ensure_dataset
+records (libero CPU scale, no dataset) and when it refuses; the preflight's note; a recording renamed into
+place only when complete (a fake simulator python). The recording for real, and a recorded demo replayed
+through bin/serve's path: tests/test_sim_training.py (heavy)."""
 
 from __future__ import annotations
+
+import sys
+import types
 
 import numpy as np
 import pytest
 
-from trainer.data.formats.libero_record import OUTPUT_MAX, phase_of, scripted_action
-
 pytestmark = pytest.mark.fast
 
 
-def test_phases_reach_then_descend_grasp_and_lift_in_order():
-    phases = [phase_of(t, 40) for t in range(40)]
-    order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
-    assert order == ["approach", "descend", "grasp", "lift"]
-    assert phases.count("approach") == 18 and phases[-1] == "lift"
+class _Suite:
+    name = "libero_goal"
+
+    def get_task(self, task):
+        return types.SimpleNamespace(language=f"task {task}")
 
 
-def test_actions_head_for_the_object_and_close_the_gripper():
-    eef, obj = np.array([0.0, 0.0, 1.2]), np.array([0.01, -0.2, 0.9])
-    approach = scripted_action(eef, obj, "approach")
-    assert approach.shape == (7,) and approach.dtype == np.float32
-    assert approach[0] == pytest.approx(0.01 / OUTPUT_MAX) and approach[1] == -1.0  # clipped to [-1, 1]
-    assert approach[2] == -1.0 and approach[6] == -1.0 and not approach[3:6].any()  # open, no rotation
-    above = np.array([0.01, -0.2, 0.92])
-    assert np.allclose(scripted_action(above, obj, "descend")[:3], 0.0)  # 2 cm above: there
-    assert list(scripted_action(above, obj, "grasp")) == [0, 0, 0, 0, 0, 0, 1.0]
-    assert list(scripted_action(above, obj, "lift")) == [0, 0, 1.0, 0, 0, 0, 1.0]
+def _fake_sim(monkeypatch, outcome):
+    """trainer.sim.demos.play/replay faked: outcome(task, seed, kind) -> (success, same states)."""
+    from trainer.sim import demos
+
+    played = []
+
+    def run(kind):
+        def go(suite, task, seed, *args, cameras):
+            success, same = outcome(task, seed, kind)
+            played.append((kind, task, seed, cameras))
+            states = [np.full(8, seed if same else -1, np.float32)] * 3
+            return demos.Demo(
+                task, seed, f"task {task}", [np.full(7, seed, np.float32)] * 3, states, {}, success
+            )
+
+        return go
+
+    monkeypatch.setattr(demos, "play", run("play"))
+    monkeypatch.setattr(demos, "replay", run("replay"))
+    experts = types.ModuleType("trainer.sim.experts")
+    experts.expert_for = lambda suite, task: type("Drawer", (), {})()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trainer.sim.experts", experts)
+    return played
+
+
+def test_failed_and_diverged_demos_are_not_written_and_the_next_seed_is_tried(monkeypatch):
+    from trainer.data.formats.libero_record import record_demos
+
+    # task 0: seed 1 fails (the expert); task 8: seed 0's replay diverges (other states)
+    def outcome(task, seed, kind):
+        return (task, seed) != (0, 1) or kind != "play", (task, seed, kind) != (8, 0, "replay")
+
+    played = _fake_sim(monkeypatch, outcome)
+    said: list[str] = []
+    demos, took = record_demos(_Suite(), [0, 8], 4, 50, "replay", said.append)
+    assert [(d.task, d.seed, d.expert) for d in demos] == [(0, 0, "Drawer"), (8, 1, "Drawer"),
+                                                           (0, 2, "Drawer"), (8, 2, "Drawer")]  # fmt: skip
+    assert (took["failed"], took["diverged"]) == (1, 1)
+    assert ("play", 0, 1, False) in played and ("replay", 0, 1, False) not in played  # no replay of a failure
+    assert all(cameras == (kind == "replay") for kind, _, _, cameras in played)  # rendered only on replay
+    assert any("task 0 seed 1: the expert did not succeed in 50 steps" in line for line in said)
+    assert any("task 8 seed 0: its replay diverged" in line for line in said)
+
+
+def test_a_task_without_a_replayable_success_is_one_line(monkeypatch):
+    from trainer.data.formats.libero_record import MAX_TRIES, RecordError, record_demos
+
+    _fake_sim(monkeypatch, lambda task, seed, kind: (task != 1, True))
+    with pytest.raises(RecordError, match=f"task 1 of libero_goal: {MAX_TRIES} seeds in a row"):
+        record_demos(_Suite(), [0, 1], 2, 50, "play", lambda line: None)
 
 
 # ---- the caller's side: when the CPU scale records, the preflight's note, a recording put into place whole
@@ -67,12 +110,12 @@ def test_ensure_dataset_records_once_under_the_lock_and_the_preflight_says_so(tm
     root = tmp_path / "libero_cpu"
     cfg = _cpu_cfg(root, **{"data.generated_episodes": 3, "data.generated_length": 20})
     (note,) = [n for n in inputs_check(cfg) if n.startswith("data:")]
-    assert "record 3 scripted episode(s) of 20 steps" in note and "not demonstrations" in note
+    assert "record 3 scripted demonstration(s) of at most 20 steps" in note and "tasks with experts" in note
     calls = []
 
-    def record(where, episodes, length, suite, say):
+    def record(where, episodes, length, suite, say, tasks):
         assert (where.parent / f".{where.name}.lock").exists()  # dataset_lock held
-        calls.append((where, episodes, length, suite))
+        calls.append((where, episodes, length, suite, tasks))
         say(libero_record.ANNOUNCE)
         (where / "meta").mkdir(parents=True)
         return where
@@ -83,7 +126,7 @@ def test_ensure_dataset_records_once_under_the_lock_and_the_preflight_says_so(tm
     said = []
     assert sources.ensure_dataset(cfg, said.append) == [root / "meta"]
     assert sources.ensure_dataset(cfg, said.append) == [root / "meta"]  # the second finds it
-    assert calls == [(root, 3, 20, "libero_goal")] and said == [libero_record.ANNOUNCE]
+    assert calls == [(root, 3, 20, "libero_goal", "")] and said == [libero_record.ANNOUNCE]
 
 
 def _fake_sim_python(tmp_path, body: str):
@@ -111,7 +154,7 @@ def test_a_complete_recording_is_renamed_into_place(tmp_path, monkeypatch, exist
     assert libero_record.record_dataset(root, 2, 8, "libero_goal", said.append) == root
     assert (root / "meta" / "info.json").is_file() and (root / "data").is_dir()
     assert said[:3] == ["!" * 100, libero_record.ANNOUNCE, "!" * 100]
-    assert "recorded 2 scripted episode(s)" in said[-1]
+    assert "recorded 2 scripted demonstration(s)" in said[-1]
     assert [p.name for p in root.parent.iterdir()] == ["libero_cpu"]  # no temporary left
 
 

@@ -30,8 +30,10 @@ from trainer.serving.session import Served
 F, CAMS, CHANNELS = 2, ("front", "wrist"), 8
 
 
-def tiny_served() -> Served:
-    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2})
+def tiny_served(temporal: int = 1, **sets) -> Served:
+    """temporal: the encoder's key frames per latent frame; sets: tiny_cfg overrides (LIBERO's client loop:
+    data.actions_per_frame 4 and temporal 4, four key frames per latent frame)."""
+    cfg = tiny_cfg(**{"infer.frames_per_chunk": F, "infer.video_steps": 2, "infer.action_steps": 2, **sets})
     cfg.data.cameras = list(CAMS)
     torch.manual_seed(0)
     model = WorldModel(cfg).eval()
@@ -42,9 +44,10 @@ def tiny_served() -> Served:
     norm = QuantileNormalizer(low.astype(np.float32), high.astype(np.float32))
     spec = Spec(CAMS, CHANNELS, F, cfg.data.actions_per_frame)
     grid = (m.latent_channels, m.latent_size, m.latent_size * len(CAMS))
+    video = PatchMeanEncoder(m.latent_channels, m.latent_size, temporal)
     return Served(
         model, cfg, "tiny", norm, tuple(ACTION_SLOTS), action_slot_mask(m.action_dim, CHANNELS),
-        torch.as_tensor(empty), grid, None, PatchMeanEncoder(m.latent_channels, m.latent_size, 1), text, spec,
+        torch.as_tensor(empty), grid, None, video, text, spec,
     )  # fmt: skip
 
 

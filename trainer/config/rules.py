@@ -168,6 +168,12 @@ RULES: dict[str, Rule | Free] = {
     "data.generate_if_missing": BOOL,
     "data.generated_episodes": POSITIVE,
     "data.generated_length": POSITIVE,
+    "data.generated_tasks": Rule(
+        "empty (every task with a scripted expert) or comma-separated task numbers, e.g. 0,8 (the LIBERO "
+        "recorder refuses a task without an expert: trainer/data/formats/libero_record.py)",
+        lambda v, c: not v.strip() or all(p.strip().isdigit() for p in v.split(",")),
+        "drawer",
+    ),
     "data.task": Free(
         "a furniture name: judged against the episodes found (trainer/data/formats/discovery.py)"
     ),

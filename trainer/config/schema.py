@@ -80,7 +80,8 @@ class DataConfig:
     path: str = "data/furniture_train"
     generate_if_missing: bool = True  # write deterministic FurnitureBench-format episodes if absent
     generated_episodes: int = 32
-    generated_length: int = 120  # frames per generated episode (10 Hz)
+    generated_length: int = 120  # frames per generated episode (10 Hz); LIBERO: actions at most per demo
+    generated_tasks: str = ""  # LIBERO's recorded demos' tasks, e.g. "0,8"; "": every task with an expert
     task: str = "one_leg"
     # 1-3 of color_image1 (wrist), color_image2 (front), color_image3 (rear); encoded separately, side by side
     cameras: list[str] = field(default_factory=lambda: ["color_image2"])  # furniture_train: front + wrist

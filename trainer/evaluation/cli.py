@@ -21,6 +21,8 @@ Closed loop in LIBERO's simulator (trainer/evaluation/sim/command.py; docs/evalu
     bin/evaluate TARGET --sim libero [--suite libero_10|libero_spatial|libero_object|libero_goal]
                         [--tasks 0-2,5|all] [--episodes N per task (50)] [--max-steps 800] [--workers K]
                         [--camera CLIENT_KEY=RUN_CAMERA ...] [--set ...] [--json]
+    bin/evaluate --sim libero --expert [--suite ...] [--tasks ...] [--episodes N] [--out DIR] [--json]
+                        (the scripted experts of trainer/sim/experts/, no TARGET: the ceiling row)
 
 Exit codes (trainer/attempt.py): 0 done; 2 bad command line, TARGET or config (one line naming the file);
 1 the evaluation itself failed (--sim: also some episodes errored, or the simulator env failed).
@@ -144,7 +146,7 @@ def scores_failure(result: dict, frames_per_chunk: int) -> str:
 
 
 def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, cpu_scale, sets, seed,
-            device, out) -> tuple[dict, int]:  # fmt: skip
+            device, out, expert=False) -> tuple[dict, int]:  # fmt: skip
     """--sim libero: trainer/evaluation/sim/command.py; --episodes is the number per task there."""
     from trainer.evaluation.sim.command import Options, run_libero
     from trainer.sim.suites import UsageError
@@ -155,14 +157,22 @@ def run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config,
         raise UsageError(
             f"--episodes {episodes!r}: with --sim, the number of episodes per task (e.g. 50)"
         ) from None
-    from trainer.sampling.load import resolve_target
+    resolved = None
+    if expert:
+        if not out:
+            from provision.paths import repo_root
 
-    resolved = resolve_target(target)  # once: the episodes go with the checkpoint loaded, if best moves
-    if not out:
-        out = str(default_plots_dir(*resolved) / "libero" / suite)
-    writable_dir(Path(out), "--plots-dir")
+            out = str(repo_root() / "runs" / "experts" / "libero" / suite)
+    elif target:
+        from trainer.sampling.load import resolve_target
+
+        resolved = resolve_target(target)  # once: the episodes go with the checkpoint loaded, if best moves
+        if not out:
+            out = str(default_plots_dir(*resolved) / "libero" / suite)
+    if out:
+        writable_dir(Path(out), "--plots-dir")
     opts = Options(suite, tasks, n, max_steps, workers, tuple(cameras), config, cpu_scale, tuple(sets), seed,
-                   device, out)  # fmt: skip
+                   device, out or "", expert)  # fmt: skip
     return run_libero(target, opts, lambda line: print(line, file=sys.stderr, flush=True), resolved)
 
 
@@ -211,7 +221,7 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("target")
+@click.argument("target", required=False)
 @click.option("--episodes", default=None, help="comma-separated episode names, or 'all' (default: held out)")
 @click.option(
     "--config",
@@ -224,6 +234,8 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda")
 @click.option(
     "--plots-dir",
+    "--out",
+    "plots_dir",
     default=None,
     help="where the per-episode PNGs go (default: RUN_DIR/evaluation/<checkpoint>, else ./evaluation/<name>)",
 )
@@ -234,11 +246,12 @@ def write_plots(traces: dict, directory: Path, channels) -> dict[str, str]:
 @click.option("--tasks", default=None, help="--sim: task numbers and ranges, e.g. 0-2,5 (default: all)")
 @click.option("--max-steps", default=800, show_default=True, help="--sim: env steps per episode at most")
 @click.option("--workers", default=None, type=int, help="--sim: simulator processes (default: cores - 1)")
+@click.option("--expert", is_flag=True, help="--sim: the scripted experts instead of a TARGET (no server)")
 @click.option(
     "--camera", "cameras", multiple=True, metavar="CLIENT_KEY=RUN_CAMERA", help="--sim: as bin/serve's"
 )
 def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_json, json_file, sim, suite,
-         tasks, max_steps, workers, cameras) -> None:  # fmt: skip
+         tasks, max_steps, workers, cameras, expert) -> None:  # fmt: skip
     """Open-loop evaluation of TARGET on held-out demonstrations (--sim libero: closed loop in LIBERO)."""
     import torch
 
@@ -254,10 +267,15 @@ def main(target, episodes, config, cpu_scale, sets, seed, device, plots_dir, as_
     named, config = config, config or ("libero" if sim == "libero" else "furniture_train")
     code = EXIT_OK
     try:
-        check_named_config(target, named, cpu_scale)  # a checkpoint's config is its own: never ignored unsaid
+        if expert and not sim:
+            raise UsageError("--expert: only with --sim libero (the scripted experts play in the simulator)")
+        if not target and not expert:
+            raise UsageError("TARGET missing: name a RUN_DIR, a checkpoint or a released folder")
+        if target:
+            check_named_config(target, named, cpu_scale)  # a checkpoint's config is its own: never ignored
         if sim:
             result, code = run_sim(target, episodes, suite, tasks, max_steps, workers, cameras, config, scale,
-                                   sets, seed, device, plots_dir)  # fmt: skip
+                                   sets, seed, device, plots_dir, expert)  # fmt: skip
         else:
             result = run(target, episodes, config, scale, sets, seed, device, plots_dir)
             code = EXIT_FAILED if "error" in result else EXIT_OK

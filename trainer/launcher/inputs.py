@@ -93,8 +93,9 @@ def _root_note(cfg: RunConfig, resumes: tuple[Path, str] | None = None) -> str:
         _can_record(cfg, root)
         return (
             f"data: no LeRobot dataset at {root}: the ranks record {cfg.data.generated_episodes} scripted "
-            f"episode(s) of {cfg.data.generated_length} steps there in LIBERO's simulator (a stand-in, "
-            "not demonstrations; first use)"
+            f"demonstration(s) of at most {cfg.data.generated_length} steps there in LIBERO's simulator "
+            f"(tasks {cfg.data.generated_tasks or 'with experts'}; a scripted expert's, not human "
+            "demonstrations; first use)"
         )
     return f"data: no episodes under {root}: the ranks generate {cfg.data.generated_episodes} there"
 

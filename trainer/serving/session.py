@@ -108,6 +108,14 @@ class Served:
             x = (x - mean) / std
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
+    def chunk_source(self, prompt_emb: torch.Tensor) -> ChunkSampler:
+        """An episode's source of chunks: the model's ChunkSampler on this prompt. The one seam between
+        what the model samples (normalised actions in the run's slots) and what the server does with it
+        (to_robot_units, action_layout); tests/support/replay.py puts a recorded demo's actions here."""
+        return ChunkSampler(
+            self.model, self.cfg.infer, self.action_mask, prompt_emb, self.empty_emb, video_grid=self.grid
+        )
+
     def normalised_actions(self, state: np.ndarray) -> torch.Tensor:
         """(C, F, N) robot units -> [F*N, action_dim] normalised, in the run's slots; not clipped, as
         upstream's server (wan_va_server.py preprocess_action, the quantile branch) does not clip the executed
@@ -179,9 +187,7 @@ class Session:
         or `episode_seed` when the client sends one (protocol.py: one connection per episode)."""
         s = self.served
         emb, _ = s.text.embed(prompt if prompt is not None else s.cfg.data.prompt)
-        self.sampler = ChunkSampler(
-            s.model, s.cfg.infer, s.action_mask, torch.as_tensor(emb), s.empty_emb, video_grid=s.grid
-        )
+        self.sampler = s.chunk_source(torch.as_tensor(emb))
         self.count += 1
         self.episode = self.count if episode_seed is None else episode_seed
         self.chunk, self.first_latent, self.pending = 0, None, False

@@ -9,9 +9,10 @@
 A LeRobot dataset's episode files are its parquet files, listed by meta/episodes.jsonl (one missing on disk
 is named when read). LeRobot data is never generated, with one exception: data.dataset libero with
 data.generate_if_missing on (the libero preset's CPU scale) and no dataset at data.path records a small one
-in LIBERO's simulator on first use (trainer/data/formats/libero_record.py: a scripted motion, not
-demonstrations, written by lerobot 0.3.3's writer; announced), data.generated_episodes x
-data.generated_length steps of the suite RECORDED_SUITE.
+in LIBERO's simulator on first use (trainer/data/formats/libero_record.py: a scripted expert's
+demonstrations, written by lerobot 0.3.3's writer; announced): data.generated_episodes demos in all, round
+robin over data.generated_tasks of the suite RECORDED_SUITE (empty: every task with an expert), each at most
+data.generated_length actions.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def _record_libero(cfg, root: Path, say: Callable[[str], None]) -> list[Path]:
             problem = missing_episodes(cfg, root)
             if problem:
                 raise DatasetError(problem)
-            record_dataset(root, cfg.data.generated_episodes, cfg.data.generated_length, RECORDED_SUITE, say)
+            record_dataset(root, cfg.data.generated_episodes, cfg.data.generated_length, RECORDED_SUITE, say,
+                           cfg.data.generated_tasks.replace(" ", ""))  # fmt: skip
             files = discover_source(cfg, root).files
     return files
 

@@ -24,6 +24,12 @@ asked and e < --episodes. Output under OUT = RUN_DIR/evaluation/<checkpoint>/lib
 episode its MP4 and record (worker.py), then results.json and success.png (report.py). An episode with
 a record is not run again: a re-run (after Ctrl-C, a crash, or with more --episodes) runs the rest.
 
+Experts (`--expert`, no TARGET, no server): the scripted experts of trainer/sim/experts/ play the
+episodes through the same workers (worker.py `--expert`: the expert acts each step instead of the client
+loop; a key frame every step, as the loop keeps them for N = 4), counted, filmed and reported as a
+checkpoint's are; OUT defaults to runs/experts/libero/<suite>/ and results.json's checkpoint is "expert".
+A TARGET with --expert, or a task without an expert, is refused (exit 2, naming the tasks with experts).
+
 Exit: 0 every asked episode has a record; 1 some episodes errored (a crashed worker: counted apart, not
 as failures; the line names how many) or the simulator env could not be built or render; 2 bad input;
 130 Ctrl-C (what finished is kept, results.json written).
@@ -78,6 +84,7 @@ class Options:
     seed: int = 0
     device: str = "auto"
     out: str = "evaluation/libero"  # bin/evaluate's default: RUN_DIR/evaluation/<checkpoint>/libero/<suite>
+    expert: bool = False  # the scripted experts (trainer/sim/experts/) instead of a served checkpoint
 
 
 def default_workers() -> int:
@@ -186,8 +193,25 @@ class Serving:
         self.log.close()
 
 
+EXPERT = "expert"  # results.json's checkpoint for the scripted experts
+
+
+def check_experts(target: str | None, suite: str, tasks: list[int]) -> None:
+    """--expert: no TARGET, and an expert for every task asked (UsageError naming those that have one)."""
+    from trainer.sim.experts import no_expert, tasks_with_experts
+
+    if target:
+        raise suites.UsageError(
+            f"--expert plays the scripted experts, not {target}: leave TARGET out (or drop --expert); "
+            f"{suite} tasks with experts: {tasks_with_experts(suite)}"
+        )
+    missing = [t for t in tasks if t not in tasks_with_experts(suite)]
+    if missing or not tasks:
+        raise suites.UsageError(f"--tasks: {no_expert(suite, missing)}")
+
+
 def run_libero(
-    target: str, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None
+    target: str | None, opts: Options, say: Callable[[str], None], resolved: tuple[str, Path] | None = None
 ) -> tuple[dict, int]:
     from trainer.sim.env import check_platform
 
@@ -195,12 +219,25 @@ def run_libero(
     n = suites.task_count(suites.check_suite(opts.suite))
     tasks = suites.parse_tasks(opts.tasks, n, opts.suite)
     suites.check_counts(opts.episodes, opts.max_steps, 1 if opts.workers is None else opts.workers)
+    if opts.expert:
+        from trainer.sim.experts import tasks_with_experts
+
+        tasks = tasks if opts.tasks else tasks_with_experts(opts.suite)  # default: those with an expert
+        check_experts(target, opts.suite, tasks)
+    elif not target:
+        raise suites.UsageError(
+            "TARGET missing: name a RUN_DIR or checkpoint, or --expert for the scripted experts"
+        )
     out = Path(opts.out)
     made = [d for d in (out, *out.parents) if not d.exists()]  # what hold_output makes: undone on bad input
     writer = hold_output(out)  # before the model's load: a second writer is refused at once, not after it
     try:
         try:
-            served, checkpoint, out = load(target, opts, say, resolved)
+            if opts.expert:
+                served, checkpoint = None, EXPERT
+            else:
+                assert target is not None  # refused above
+                served, checkpoint, out = load(target, opts, say, resolved)
         except BaseException:
             if made:
                 (out / ".writer.lock").unlink(missing_ok=True)
@@ -219,7 +256,8 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
     from trainer.evaluation.sim.runner import Pool
     from trainer.sim.env import choose_gl, ensure_env, env_identity, worker_env
 
-    device = next(served.model.parameters()).device.type  # where load_served put it (cpu, cuda)
+    # where load_served put it (cpu, cuda); the experts run in the simulator's process
+    device = "cpu" if served is None else next(served.model.parameters()).device.type
     check_settings(out, settings_of(opts, checkpoint, device, f"libero {env_identity('libero')}"))
     python = ensure_env("libero", say)
     gl = choose_gl(python, say)
@@ -234,8 +272,9 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
     errors: list[dict] = []
     code, start = 0, time.monotonic()
     if jobs:
-        serving = Serving(served, out / "serve.log", workers)
-        argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", "--uri", serving.uri,
+        serving = None if served is None else Serving(served, out / "serve.log", workers)
+        policy = ["--expert"] if serving is None else ["--uri", serving.uri]
+        argv = [str(python), "-u", "-m", "trainer.evaluation.sim.worker", *policy,
                 "--suite", opts.suite, "--out", str(out), "--max-steps", str(opts.max_steps),
                 "--seed", str(opts.seed)]  # fmt: skip
         pool = Pool(argv, worker_env(python, gl), workers, out / "logs", episode_timeout(opts.max_steps))
@@ -256,7 +295,8 @@ def _run(served, checkpoint: str, out: Path, tasks: list[int], opts: Options, sa
                 signal.signal(signal.SIGTERM, before)
             pool.stop()  # every worker ended, whatever ended the loop (a no-op after a full run)
             progress.close()
-            serving.close()
+            if serving is not None:
+                serving.close()
     result = summarise(
         out, opts.suite, checkpoint, tasks, opts.episodes, errors, time.monotonic() - start, {}
     )

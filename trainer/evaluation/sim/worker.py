@@ -5,11 +5,12 @@
 
 Runs inside the simulator environment (.sim/libero: LIBERO, robosuite, mujoco), never the tool env: from
 this repo it imports only the loop (trainer/evaluation/loops.py), the client (trainer/serving/client.py and
-its codec), provision/atomic.py and trainer/testhooks.py. Jobs come on stdin, one JSON line each
-({"task": t, "episode": e}); for each, one JSON line on stdout when the episode is written (the record
-below). stdout carries nothing else (LIBERO and robosuite print: they go to stderr). Each episode has a
-connection of its own and sends its reset with `episode_seed` = crc32("suite/task/episode") (the protocol's
-one extension): the noise of its chunks is the episode's own, the same on every re-run.
+its codec), provision/atomic.py, trainer/sim/ (--expert: trainer/sim/experts/) and trainer/testhooks.py.
+Jobs come on stdin, one JSON line each ({"task": t, "episode": e}); for each, one JSON line on stdout when
+the episode is written (the record below). stdout carries nothing else (LIBERO and robosuite print: they
+go to stderr). Each episode has a connection of its own and sends its reset with `episode_seed` =
+crc32("suite/task/episode") (the protocol's one extension): the noise of its chunks is the episode's own,
+the same on every re-run.
 
 One episode is upstream 58c2ae5 evaluation/libero/client.py `run_one`: the loop itself is loops.py
 `libero_episode` (written line by line from run_one), on LiberoSim below, run_one's env side: the suite's
@@ -18,15 +19,24 @@ afresh, `reset()`, `set_init_state(init_states[e % len(init_states)])` (the task
 5 steps of the zero action `[0.] * 7`, images flipped `[::-1]` (agentview and eye-in-hand, keyed as
 upstream's client keys them), `done` as LIBERO's env.step returns it (the task's bddl goal,
 `_check_success`); until `env.env.timestep` (the 5 settling steps included, as upstream counts) reaches
---max-steps (upstream: 800). Differences, none in what the policy sees or what counts: the env is built
-once, not retried 5 times (a failure is the episode's error); the step limit is a flag (robosuite's own
-horizon, LIBERO's default 1000, is off: ignore_done; a chunk the server refuses as not finite ends the
-episode as a failure, its reason in the record, where upstream's client raised); time is measured;
+--max-steps (upstream: 800). A job may instead name a recorded demonstration's scene, `"demo_seed": S`
+(and `"cameras": false` for physics only: black frames, not rendered): the scene is then reset as the
+recorder reset it (trainer/sim/demos.py: its seed space, `reset()`, no init state, the same settling), so
+a policy replaying that demo's actions reproduces it (tests/test_sim_training.py). Differences, none in
+what the policy sees or what counts: the env is built once, not retried 5 times (a failure is the
+episode's error); the step limit is a flag (robosuite's own horizon, LIBERO's default 1000, is off:
+ignore_done; a chunk the server refuses as not finite ends the episode as a failure, its reason in the
+record, where upstream's client raised); time is measured;
 and Python's and numpy's global RNGs are seeded from (--seed, suite, task, episode) before the env is
 built. LIBERO draws from them while building a scene, and the same init state then renders differently
 from one build to the next (measured: libero_goal task 0, init state 0, two builds: the same qpos, the
 agentview images up to 158 apart, 3.5 on average; 0 apart when seeded), so upstream's runs are not
 repeatable; seeded, the same command plays the same episodes.
+
+Expert mode (`--expert` instead of `--uri`; bin/evaluate --sim libero --expert): the same episode with
+no server: trainer/sim/experts/'s scripted expert for the task acts each step on the env and its raw
+observation, until `done` or --max-steps; a key frame is kept every step (the loop's cadence for N = 4,
+N // 4 = 1); `policy` times the expert, `chunks` is 0.
 
 Written per episode (each atomically, the record last, so a record means the episode is complete):
     DIR/videos/t<task>_e<episode>_<success|failure>.mp4   the key frames, agentview | eye-in-hand side by
@@ -89,12 +99,14 @@ class LiberoSim:
     the key frames kept for the video (upstream's full_obs_list: each step with (j + 1) % (N // 4) == 0
     that was not done, i.e. every (N // 4)-th step after the settling), and the test hooks."""
 
-    def __init__(self, env, init_state, task: int, episode: int, key_every: int):
+    def __init__(self, env, init_state, task: int, episode: int, key_every: int, cameras: bool = True):
         from trainer import testhooks
 
         self.env, self.init_state, self.task, self.episode = env, init_state, task, episode
+        self.cameras = cameras  # False: a physics-only env, black frames (trainer/sim/demos.py)
         self.key_every, self.goal_at = key_every, testhooks.sim_goal_at()
         self.frames: list[dict] = []
+        self.raw: dict = {}  # the last observation as env.step returned it (what an expert reads)
         self.timestep = 0  # env.env.timestep after the last reset or step (the settling steps counted)
         self.step_s = self.render_s = self.reset_s = 0.0
 
@@ -116,16 +128,23 @@ class LiberoSim:
         start = time.perf_counter()
         self.env.reset()
         self._time_renders()
-        self.env.set_init_state(self.init_state)
+        if self.init_state is not None:  # None: a demonstration's scene, as reset (trainer/sim/demos.py)
+            self.env.set_init_state(self.init_state)
         for _ in range(SETTLE):
             obs, _, _, _ = self.env.step([0.0] * 7)
+        self.raw = obs
         self.reset_s, self.render_s = time.perf_counter() - start, 0.0
         from trainer import testhooks
 
         if (late := testhooks.sim_start_at()) is not None:
             self.env.env.timestep = late
         self.timestep = int(self.env.env.timestep)
-        return extract(obs)
+        return self._observe(obs)
+
+    def _observe(self, obs: dict) -> dict[str, np.ndarray]:
+        from trainer.sim.demos import blank_frames
+
+        return extract(obs) if self.cameras else blank_frames()
 
     def step(self, action) -> tuple[dict[str, np.ndarray], bool]:
         from trainer import testhooks
@@ -134,8 +153,9 @@ class LiberoSim:
         start = time.perf_counter()
         obs, _, done, _ = self.env.step(action)
         self.step_s += time.perf_counter() - start
+        self.raw = obs
         self.timestep = int(self.env.env.timestep)
-        observes, steps = extract(obs), self.timestep - SETTLE
+        observes, steps = self._observe(obs), self.timestep - SETTLE
         if self.goal_at is not None and steps == self.goal_at:
             from trainer.sim.goal import reach_goal
 
@@ -174,25 +194,31 @@ def play(
     return done, len(played.actions), None if done else f"not done within --max-steps {max_steps}"
 
 
-def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
+def run_one(
+    client: TimedClient, suite: Any, task: int, episode: int, max_steps: int, seed: int = 0,
+    demo_seed: int | None = None, cameras: bool = True,
+) -> dict:  # fmt: skip
     """One episode (see the module docstring): its record, and the key frames under "frames". An
     unsolved episode is a failure with its `reason` (the step limit, or a chunk the server refused as not
     finite); anything else the server or the simulator raises is the worker's error (runner.py)."""
-    from libero.libero.envs import OffScreenRenderEnv
+    from trainer.sim.demos import make_env, seed_demo
 
     t0 = time.perf_counter()
     prompt = suite.get_task(task).language
+    if demo_seed is None:
+        init_states = suite.get_task_init_states(task)
+        init_state = init_states[episode % init_states.shape[0]]
+        seed_scene(seed, suite.name, task, episode)
+    else:  # a recorded demonstration's scene (its seed space; no init state)
+        init_state = None
+        seed_demo(suite.name, task, demo_seed)
     # ignore_done: robosuite's own horizon (LIBERO's default 1000) never ends the episode: --max-steps does
     # (a chunk begun before it runs whole, as upstream's loop); past its horizon robosuite raised
     # "executing action in terminated episode" and every unsolved episode of --max-steps >= ~994 was an error
-    env_args = {"bddl_file_name": suite.get_task_bddl_file_path(task), "camera_heights": SIZE,
-                "camera_widths": SIZE, "ignore_done": True}  # fmt: skip
-    init_states = suite.get_task_init_states(task)
-    seed_scene(seed, suite.name, task, episode)
-    env = OffScreenRenderEnv(**env_args)
+    env = make_env(suite, task, cameras, ignore_done=True)
     build = time.perf_counter() - t0
     key_every = max(1, int(client.metadata["actions_per_frame"]) // 4)
-    sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every)
+    sim = LiberoSim(env, init_state, task, episode, key_every, cameras)
     try:
         # the episode's own noise index on the server (a connection per episode would give every one 0)
         noise = zlib.crc32(f"{suite.name}/{task}/{episode}".encode())
@@ -208,6 +234,39 @@ def run_one(client: TimedClient, suite: Any, task: int, episode: int, max_steps:
             "render": sim.render_s, "policy": client.policy_s, "encode": client.encode_s,
             "transport": client.transport_s,
         },
+    }  # fmt: skip
+
+
+def run_expert(suite: Any, task: int, episode: int, max_steps: int, seed: int = 0) -> dict:
+    """One episode played by the task's scripted expert (see the module docstring): run_one's record."""
+    from trainer.sim.demos import make_env
+    from trainer.sim.experts import expert_for
+
+    t0 = time.perf_counter()
+    expert = expert_for(suite.name, task)
+    init_states = suite.get_task_init_states(task)
+    seed_scene(seed, suite.name, task, episode)
+    env = make_env(suite, task, cameras=True, ignore_done=True)  # as run_one: --max-steps ends an episode
+    build = time.perf_counter() - t0
+    sim = LiberoSim(env, init_states[episode % init_states.shape[0]], task, episode, key_every=1)
+    acting, done = 0.0, False
+    try:
+        sim.reset()
+        expert.reset()
+        while sim.timestep < max_steps and not done:
+            start = time.perf_counter()
+            action = expert.act(env, sim.raw)
+            acting += time.perf_counter() - start
+            _, done = sim.step(action.tolist())
+        steps = sim.timestep - SETTLE
+    finally:
+        env.close()
+    return {
+        "task": task, "episode": episode, "language": suite.get_task(task).language, "success": done,
+        "steps": steps, "chunks": 0, "frames": sim.frames,
+        "reason": None if done else f"not done within --max-steps {max_steps}",
+        "timing": {"build": build, "reset": sim.reset_s, "physics": sim.step_s - sim.render_s,
+                   "render": sim.render_s, "policy": acting, "encode": 0.0, "transport": 0.0},
     }  # fmt: skip
 
 
@@ -245,7 +304,9 @@ def write_episode(record: dict, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--uri", required=True)
+    policy = parser.add_mutually_exclusive_group(required=True)
+    policy.add_argument("--uri", help="the served policy's websocket")
+    policy.add_argument("--expert", action="store_true", help="the task's scripted expert, no server")
     parser.add_argument("--suite", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--max-steps", type=int, default=800)
@@ -259,9 +320,14 @@ def main(argv: list[str] | None = None) -> int:
     suite = benchmark.get_benchmark_dict()[args.suite]()
     for line in sys.stdin:
         job = json.loads(line)
+        if args.expert:
+            played = run_expert(suite, job["task"], job["episode"], args.max_steps, args.seed)
+            print(json.dumps(write_episode(played, args.out)), file=records, flush=True)
+            continue
         client = TimedClient(args.uri)  # a connection (a server session) per episode: its noise is its own
         try:
-            record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed)
+            record = run_one(client, suite, job["task"], job["episode"], args.max_steps, args.seed,
+                             job.get("demo_seed"), job.get("cameras", True))  # fmt: skip
         finally:
             client.client.close()
         record = write_episode(record, args.out)
