@@ -44,12 +44,17 @@ def normalised(served: Served, rows: np.ndarray) -> np.ndarray:
     width = int(np.asarray(stats if stats is not None else served.normalizer.mean).size)
     raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
     raw[:, : rows.shape[1]] = rows
-    return served.normalizer.normalize(raw, clip=served.clip)[:, : len(served.slots)]
+    return served.normalizer.normalize(raw, clip=training_clip(served))[:, : len(served.slots)]
+
+
+def training_clip(served: Served) -> float:
+    """The clip training applied to the run's actions (recipe.action_clip, trainer/data/stream.py)."""
+    return float(served.cfg.recipe.action_clip)
 
 
 def clipped(served: Served, normed: np.ndarray) -> int:
     """Values the run's clip reached: where the round trip is not the identity."""
-    return int((np.abs(normed) >= served.clip - 1e-6).sum())
+    return int((np.abs(normed) >= training_clip(served) - 1e-6).sum())
 
 
 class ReplaySource:
