@@ -1,7 +1,7 @@
 """Scripted LIBERO experts: a policy per task that reads the simulator's own state and plays LIBERO's
 7-D delta end-effector action (the ceiling row of every evaluation table).
 
-    tasks_with_experts("libero_goal")       # [0, 7, 8]
+    tasks_with_experts("libero_goal")       # [0, 1, 5, 7, 8]
     expert = expert_for("libero_goal", 0)   # ExpertError naming the suite, the task and those with experts
     expert.reset()                          # before each episode
     action = expert.act(env, obs)           # np.float32 (7,): env is LIBERO's env, obs what env.step returned
@@ -24,6 +24,8 @@ import numpy as np
 EXPERTS: dict[str, dict[int, tuple[str, str]]] = {
     "libero_goal": {
         0: ("open the middle drawer of the cabinet", "MiddleDrawer"),
+        1: ("put the bowl on the stove", "BowlOnStove"),
+        5: ("push the plate to the front of the stove", "PlateToStoveFront"),
         7: ("turn on the stove", "Stove"),
         8: ("put the bowl on the plate", "BowlOnPlate"),
     },

@@ -18,7 +18,7 @@ class MiddleDrawer(Script):
     world x by -1.3 rad (pointing at the cabinet, fingers closing vertically), comes in horizontally, pinches
     the bar and pulls along the drawer's opening direction until the joint is open."""
 
-    phases = ("turn", "approach", "insert", "grasp", "pull")
+    phases = ("turn", "approach", "lower", "insert", "grasp", "pull")
     cabinet = "wooden_cabinet_1"
     joint = "wooden_cabinet_1_middle_level"
     drawer = "wooden_cabinet_1_cabinet_middle"
@@ -38,15 +38,23 @@ class MiddleDrawer(Script):
 
     def turn(self, s: State) -> Step:
         bar, out = self.handle(s)
-        pos = np.array([s.pos[0], s.pos[1], max(s.pos[2], bar[2] + 0.03)])
+        pos = np.array([s.pos[0], s.pos[1], max(s.pos[2], bar[2] + 0.1)])
         rot = self.rot(s)
         return Step(pos, rot, OPEN, done=self.near(s, pos, 0.03, rot, 0.15) or self.t > 30)
 
     def approach(self, s: State) -> Step:
+        """In front of the handle, 7 cm above it: the open fingers (spread vertically) travel over the
+        objects on the table (measured: at the handle's height the lower finger swept the bowl into the
+        drawer's front in 18 of 37 episodes)."""
+        bar, out = self.handle(s)
+        pos = bar + 0.10 * out + [0, 0, 0.07]
+        rot = self.rot(s)
+        return Step(pos, rot, OPEN, done=self.near(s, pos, 0.02, rot, 0.1) or self.t > 40)
+
+    def lower(self, s: State) -> Step:
         bar, out = self.handle(s)
         pos = bar + 0.10 * out
-        rot = self.rot(s)
-        return Step(pos, rot, OPEN, done=self.near(s, pos, 0.015, rot, 0.1) or self.t > 40)
+        return Step(pos, self.rot(s), OPEN, done=self.near(s, pos, 0.012) or self.t > 20)
 
     def insert(self, s: State) -> Step:
         bar, out = self.handle(s)
