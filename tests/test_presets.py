@@ -197,3 +197,26 @@ def test_bin_train_runs_the_preset_on_its_layout(preset, tmp_path_factory, prefl
     cpu = load_config(preset, cpu_scale=True)
     assert {k: _value(ran, k) for k in KEPT_AT_CPU_SCALE} == {k: _value(cpu, k) for k in KEPT_AT_CPU_SCALE}
     assert (ran.model.latent_size, ran.model.latent_width) == (cpu.model.latent_size, cpu.model.latent_width)
+
+
+@pytest.mark.fast
+def test_the_learning_preset_is_liberos_at_full_scale_and_records_its_own_demos():
+    """libero_learn (base: libero): at full scale every value is the libero preset's (upstream's); at CPU
+    scale
+    it keeps LIBERO's geometry, records expert demonstrations of the tasks it evaluates into its own folder,
+    and evaluates them in the simulator on LIBERO's official init states during training."""
+    full, learn = load_config("libero", cpu_scale=False), load_config("libero_learn", cpu_scale=False)
+    assert dataclasses_equal_but_name(full, learn)
+    cpu = load_config("libero_learn", cpu_scale=True)
+    assert {k: _value(cpu, k) for k in KEPT_AT_CPU_SCALE} == {k: _value(full, k) for k in KEPT_AT_CPU_SCALE}
+    assert cpu.data.path == "data/libero_learn" and cpu.data.generate_if_missing
+    assert cpu.eval.sim == "libero" and cpu.eval.sim_suite == "libero_goal"
+    assert cpu.eval.sim_tasks == cpu.data.generated_tasks  # scored on the tasks it has demonstrations of
+
+
+def dataclasses_equal_but_name(a, b) -> bool:
+    import dataclasses
+
+    da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+    da.pop("name"), db.pop("name")
+    return da == db
