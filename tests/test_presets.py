@@ -202,9 +202,8 @@ def test_bin_train_runs_the_preset_on_its_layout(preset, tmp_path_factory, prefl
 @pytest.mark.fast
 def test_the_learning_preset_is_liberos_at_full_scale_and_records_its_own_demos():
     """libero_learn (base: libero): at full scale every value is the libero preset's (upstream's); at CPU
-    scale
-    it keeps LIBERO's geometry, records expert demonstrations of the tasks it evaluates into its own folder,
-    and evaluates them in the simulator on LIBERO's official init states during training."""
+    scale it keeps LIBERO's geometry, records expert demonstrations of the tasks it evaluates into its own
+    folder, and evaluates them in the simulator on LIBERO's official init states during training."""
     full, learn = load_config("libero", cpu_scale=False), load_config("libero_learn", cpu_scale=False)
     assert dataclasses_equal_but_name(full, learn)
     cpu = load_config("libero_learn", cpu_scale=True)
