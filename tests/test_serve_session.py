@@ -239,23 +239,6 @@ def test_a_resets_episode_seed_chooses_the_noise_and_a_bad_one_is_refused():
         assert info.value.field == "episode_seed"
 
 
-def test_the_executed_actions_are_normalised_as_upstream_unclipped():
-    """Issue 56 item 10: the executed `state` a compute_kv_cache carries is normalised with the run's
-    quantiles and not clipped, as upstream's server (wan_va_server.py preprocess_action) does: a chunk the
-    model answered beyond +-1.5 in normalised units goes into the cache as it was executed (it was clipped
-    to +-1.5, the training stream's clip of recorded actions)."""
-    served = _served()  # q01 = linspace(-1, 0, 8), q99 = linspace(1, 2, 8): channel 0 spans [-1, 1]
-    f, n = served.spec.frames_per_chunk, served.spec.actions_per_frame
-    state = np.zeros((8, f, n), np.float32)
-    state[0] = 3.0  # robot units: 3 on channel 0, normalised 2 * (3 + 1) / 2 - 1 = 3
-    state[1] = -5.0
-    rows = served.normalised_actions(state)
-    used = rows[:, list(served.slots)]
-    assert torch.allclose(used[:, 0], torch.full((f * n,), 3.0), atol=1e-5)
-    low, span = -1 + 1 / 7, 2.0
-    assert torch.allclose(used[:, 1], torch.full((f * n,), 2 * (-5.0 - low) / span - 1), atol=1e-5)
-
-
 def test_a_non_finite_chunk_is_the_libero_episodes_failure_with_its_reason():
     """Issue 56 item 1: the server's refusal of a non-finite chunk (a server error the client raises)
     ends a LIBERO worker's episode as a failure with that reason (trainer/evaluation/sim/worker.py play:

@@ -19,9 +19,8 @@ ChunkSampler of its own (its own KV cache and prompt; another connection never s
     executed(frames, state)  the key frames the robot saw while executing the chunk, t per executed latent
                        frame (t = the encoder's temporal factor: t x (F - 1) after the first chunk, whose
                        frame 0 is the observation, else t x F), and the executed actions (C, F, N) in robot
-                       units, normalised with the run's statistics but not clipped (upstream's server,
-                       preprocess_action, does not clip them; training clips its recorded actions); they
-                       replace the chunk's predicted entries in the cache as real history.
+                       units, normalised as training normalised them; they replace the chunk's predicted
+                       entries in the cache as real history.
 
 The frames are streamed as upstream streams them (`WanVAEStreamingWrapper`): one LatentStream per camera per
 episode (trainer/data/encoding/encoder.py `stream()`, made fresh on reset; a camera whose view is of another
@@ -47,6 +46,8 @@ import torch
 from trainer.sampling.sampler import ChunkSampler, seeded, to_robot_units
 from trainer.serving.protocol import Frame, ProtocolError, Spec, action_layout, check_state, state_rows
 
+ACTION_CLIP = 1.5  # trainer/data/stream.py's, when the config has no recipe.action_clip
+
 
 @dataclass
 class Served:
@@ -64,6 +65,10 @@ class Served:
     spec: Spec
     seed: int = 0
     stand_ins: tuple[str, ...] = ()
+
+    @property
+    def clip(self) -> float:
+        return float(getattr(getattr(self.cfg, "recipe", None), "action_clip", ACTION_CLIP))
 
     @property
     def temporal(self) -> int:
@@ -117,17 +122,14 @@ class Served:
         )
 
     def normalised_actions(self, state: np.ndarray) -> torch.Tensor:
-        """(C, F, N) robot units -> [F*N, action_dim] normalised, in the run's slots; not clipped, as
-        upstream's server (wan_va_server.py preprocess_action, the quantile branch) does not clip the executed
-        actions it caches (training's stream clips its recorded actions to recipe.action_clip; these are the
-        model's own answer, executed)."""
+        """(C, F, N) robot units -> [F*N, action_dim] normalised, clipped, in the run's slots."""
         rows = state_rows(state)
         stats = getattr(self.normalizer, "q01", None)
         width = int(np.asarray(stats if stats is not None else self.normalizer.mean).size)
         raw = np.zeros((rows.shape[0], max(width, rows.shape[1])), np.float32)
         raw[:, : rows.shape[1]] = rows
         out = torch.zeros(rows.shape[0], self.action_mask.numel())
-        used = self.normalizer.normalize(raw, clip=np.inf)[:, : len(self.slots)]
+        used = self.normalizer.normalize(raw, clip=self.clip)[:, : len(self.slots)]
         out[:, list(self.slots)] = torch.from_numpy(used)
         return out
 
