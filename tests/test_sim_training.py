@@ -167,7 +167,7 @@ def _actions(data: Path, episode: int) -> np.ndarray:
 # ---- the meaning of actions without learning: a recorded demo served back through bin/serve's path
 
 # (fault, cameras): the demo as recorded, rendered and physics only; the three broken paths physics only
-VARIANTS = [("", True), ("", False), ("gripper", False), ("slots", False), ("shift", False)]
+VARIANTS = [("", True), ("", False), ("gripper", False), ("slots", False)]  # shift: see the assertions
 
 
 def _round_trippable(served, data: Path) -> tuple[dict, np.ndarray]:
@@ -222,9 +222,9 @@ def test_a_recorded_demo_replayed_through_bin_serves_path_succeeds_and_each_brok
     length = len(actions)
     assert got[("", True)] == (True, length)  # the demo's success, on its own last step, through the loop
     assert got[("", False)] == (True, length)  # the same without cameras: the control of the broken paths
-    # each broken path does not reproduce the demo (its success on its own last step): the gripper and the
-    # slots fail outright; a one-key-frame shift of the fixed drawer expert's smooth motion may still open the
-    # drawer, at another step than the demo did (CI, 2026-12-07: the shifted replay succeeded)
-    for fault in ("gripper", "slots", "shift"):
-        assert got[(fault, False)] != (True, length), (fault, got)
-    assert not got[("gripper", False)][0] and not got[("slots", False)][0], got
+    # the gripper sign flipped and the slots rotated fail outright in the simulator. A one-key-frame shift of
+    # the fixed drawer expert's smooth motion still opened the drawer on the demo's own last step (measured
+    # 2026-12-07: (True, 96) as the demo), so success cannot show that fault here; the shift is caught where
+    # it is exact, in tests/test_serve_session.py (the executed actions are no longer the demo's).
+    for fault in ("gripper", "slots"):
+        assert got[(fault, False)][0] is False, (fault, got)
