@@ -166,7 +166,7 @@ def _actions(data: Path, episode: int) -> np.ndarray:
 
 # ---- the meaning of actions without learning: a recorded demo served back through bin/serve's path
 
-# (fault, cameras): the demo as recorded, rendered and physics only; the three broken paths physics only
+# (fault, cameras): the demo as recorded, rendered and physics only; two broken paths physics only
 VARIANTS = [("", True), ("", False), ("gripper", False), ("slots", False)]  # shift: see the assertions
 
 
